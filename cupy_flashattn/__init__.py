@@ -1,0 +1,54 @@
+"""cupy_flashattn: FlashAttention forward for CuPy arrays (CUDA kernels compiled at run time
+through NVRTC) with a Numba CPU backend for NumPy arrays, and flash-attn's API.
+
+Dense, variable-length and paged-KV-cache batches; prefill and decode; GQA/MQA; causal and
+local windows; ALiBi; softcap.  See README.md.
+"""
+
+from .api import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+from .errors import (
+    ArgumentError,
+    BlockTableError,
+    CacheExhaustedError,
+    DeviceError,
+    DTypeError,
+    FlashAttnError,
+    LayoutError,
+    PageSizeMismatchError,
+    SeqlenError,
+    ShapeError,
+    UnsupportedError,
+)
+from .flash_attention import FlashAttention
+from .kvcache import PagedKVCache
+from .merge import merge_attention_states
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "flash_attn_with_kvcache",
+    "FlashAttention",
+    "PagedKVCache",
+    "merge_attention_states",
+    "precompile",
+    "FlashAttnError",
+    "ArgumentError",
+    "BlockTableError",
+    "CacheExhaustedError",
+    "DeviceError",
+    "DTypeError",
+    "LayoutError",
+    "PageSizeMismatchError",
+    "SeqlenError",
+    "ShapeError",
+    "UnsupportedError",
+]
+
+
+def precompile(*args, **kwargs):
+    """Compile CUDA kernels ahead of first use (see ``cupy_flashattn._cuda.precompile``)."""
+    from . import _cuda
+
+    return _cuda.precompile(*args, **kwargs)

@@ -17,6 +17,7 @@ __all__ = [
     "SeqlenError",
     "BlockTableError",
     "UnsupportedError",
+    "ArgumentError",
     "CacheExhaustedError",
     "explain",
 ]
@@ -56,6 +57,10 @@ class BlockTableError(FlashAttnError, ValueError):
 
 class UnsupportedError(FlashAttnError, ValueError):
     """A valid request that this library does not implement (dropout, a head dim too large)."""
+
+
+class ArgumentError(FlashAttnError, ValueError):
+    """A scalar option (softmax_scale, window_size, softcap, num_splits...) is out of range."""
 
 
 class CacheExhaustedError(FlashAttnError, ValueError):

@@ -1,0 +1,642 @@
+"""The public functions, with flash-attn's names, arguments, layouts and semantics (forward).
+
+Each function validates its arguments (``validate.py``), lowers the call to one
+:class:`~cupy_flashattn.problem.AttentionProblem` and hands it to the backend that owns the
+arrays: NumPy arrays run on the Numba CPU backend and return NumPy arrays; CuPy arrays (and
+foreign GPU arrays such as torch tensors, adopted zero-copy through DLPack) run on the CUDA
+kernels on CuPy's current stream and return CuPy arrays.
+
+Shapes (``H`` query heads, ``Hk`` key/value heads, ``D`` head dim)::
+
+    dense      q (B, Sq, H, D)        k, v (B, Sk, Hk, D)
+    varlen     q (total_q, H, D)      k, v (total_k, Hk, D)      cu_seqlens_q/k int32 (B+1,)
+    paged      k, v (num_blocks, page_block_size, Hk, D)   block_table int32 (B, max_blocks_per_seq)
+    kv cache   k_cache, v_cache (B_cache, S_cache, Hk, D) or paged;  cache_seqlens int32 (B,)
+
+GQA/MQA: ``H % Hk == 0`` and query head ``h`` reads kv head ``h // (H // Hk)``.
+
+Causal and local masks are aligned to the bottom-right corner.  With Sq = 2, Sk = 5 (x = seen)::
+
+    causal=True          keys 0 1 2 3 4
+        query 0               x x x x .
+        query 1               x x x x x
+
+Query ``i`` sees key ``j`` iff ``i + Sk - Sq - left <= j <= i + Sk - Sq + right``
+(``window_size=(left, right)``, -1 = unlimited; causal is ``right = 0``).
+
+``softmax_lse`` is float32 natural log, ``(B, H, Sq)`` dense / ``(H, total_q)`` varlen; a row that
+sees no key has output 0 and LSE +inf.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from . import validate
+from ._arrays import adopt, array_module
+from .errors import ArgumentError, SeqlenError, UnsupportedError, explain
+from .kvcache import PagedKVCache
+from .problem import AttentionProblem
+
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
+
+
+def _default_check() -> bool:
+    return os.environ.get("CUPY_FLASHATTN_CHECK", "0") not in ("", "0", "false", "False")
+
+
+def _full_check(xp, check) -> bool:
+    """Value checks that read index arrays: always on NumPy (free), on CuPy only when asked
+    (they synchronise with the device)."""
+    if xp is np:
+        return True
+    return _default_check() if check is None else bool(check)
+
+
+def _backend(xp):
+    if xp is np:
+        from . import _backend_cpu
+
+        return _backend_cpu
+    from . import _cuda
+
+    return _cuda
+
+
+def _tokens(a, rows: int):
+    """View ``(B, S, ...)`` as ``(B*S, ...)`` (a copy only when the batch stride forbids a view)."""
+    return a.reshape((rows,) + tuple(a.shape[2:]))
+
+
+def _common_checks(q, k, v, dropout_p, softmax_scale, window_size, softcap):
+    """Checks shared by all entry points; returns (xp, q, k, v) with foreign GPU arrays adopted."""
+    q, k, v = adopt(q), adopt(k), adopt(v)
+    xp = validate.array("q", q)
+    validate.same_backend(xp, k=k, v=v)
+    validate.dtype_supported("q", q, xp)
+    validate.same_dtype("q", q, k=k, v=v)
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        validate.last_dim_contiguous(name, a)
+    validate.dropout(dropout_p)
+    validate.softmax_scale(softmax_scale)
+    validate.window_size(window_size)
+    validate.softcap(softcap)
+    return xp, q, k, v
+
+
+def _mask(causal, window_size):
+    left, right = int(window_size[0]), int(window_size[1])
+    if causal:
+        right = 0
+    return left, right
+
+
+def _alibi(alibi_slopes, xp, batch, num_heads):
+    alibi_slopes = adopt(alibi_slopes)
+    validate.alibi_slopes(alibi_slopes, xp, batch, num_heads)
+    if alibi_slopes is None:
+        return None
+    return xp.ascontiguousarray(xp.broadcast_to(alibi_slopes, (batch, num_heads)))
+
+
+def _output(xp, q_tokens, out, name_shape):
+    """The output buffer ``(total_q, H, D)``: the user's ``out`` (viewed) or a new array."""
+    if out is None:
+        return xp.empty(q_tokens.shape, dtype=q_tokens.dtype), None
+    out = adopt(out)
+    validate.same_backend(xp, out=out)
+    validate.same_dtype("q", q_tokens, out=out)
+    if tuple(out.shape) != tuple(name_shape):
+        raise explain(
+            validate.ShapeError, "out", "must have q's shape", tuple(name_shape), tuple(out.shape),
+            "allocate out with xp.empty_like(q)",
+        )
+    flat = out.reshape(q_tokens.shape)
+    if not _shares_memory(xp, flat, out):
+        raise explain(
+            validate.LayoutError, "out", "must be viewable as (tokens, H, D) without a copy",
+            "a contiguous array", f"strides {out.strides}", "pass a contiguous out or none",
+        )
+    validate.last_dim_contiguous("out", out)
+    return flat, out
+
+
+def _shares_memory(xp, a, b) -> bool:
+    if xp is np:
+        return np.shares_memory(a, b)
+    return a.data.ptr == b.data.ptr
+
+
+def _run(xp, problem: AttentionProblem):
+    _backend(xp).run_attention(problem)
+
+
+# -- dense ----------------------------------------------------------------------------------
+
+
+def flash_attn_func(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    return_softmax_lse=False,
+    out=None,
+    check=None,
+):
+    """Attention over a dense batch.
+
+    Arguments:
+        q: ``(B, Sq, H, D)``; k, v: ``(B, Sk, Hk, D)``; float16, bfloat16 or float32
+            (float64 on the CPU backend).  ``H % Hk == 0``.
+        dropout_p: must be 0.0 (forward inference only).
+        softmax_scale: defaults to ``1 / sqrt(D)``.
+        causal, window_size: bottom-right aligned masks (see the module docstring).
+        softcap: ``s = softcap * tanh(s / softcap)`` on the scaled logits when > 0.
+        alibi_slopes: float32 ``(H,)`` or ``(B, H)``; adds ``-slope * |i + Sk - Sq - j|``.
+        deterministic: accepted for compatibility (the forward pass is deterministic).
+        return_attn_probs: returns ``(out, softmax_lse, None)`` like flash-attn (no probs).
+        return_softmax_lse: returns ``(out, softmax_lse)``; LSE is ``(B, H, Sq)`` float32.
+        out: optional preallocated output ``(B, Sq, H, D)``.
+        check: run value checks that need a device sync (CuPy); default from
+            ``CUPY_FLASHATTN_CHECK``.
+
+    Returns ``out (B, Sq, H, D)`` in q's dtype (plus the LSE as requested).
+
+    Example::
+
+        out = flash_attn_func(q, k, v, causal=True)
+    """
+    xp, q, k, v = _common_checks(q, k, v, dropout_p, softmax_scale, window_size, softcap)
+    validate.rank("q", q, 4, "dense (batch, seqlen_q, nheads, headdim)")
+    validate.rank("k", k, 4, "dense (batch, seqlen_k, nheads_k, headdim)")
+    validate.rank("v", v, 4, "dense (batch, seqlen_k, nheads_k, headdim)")
+    validate.head_dims(q, k, v)
+    validate.kv_same_shape(k, v)
+    B, Sq, H, D = (int(s) for s in q.shape)
+    Sk, Hk = int(k.shape[1]), int(k.shape[2])
+    validate.batch_matches("k", k, B)
+    validate.heads(H, Hk)
+    left, right = _mask(causal, window_size)
+    q_tokens = _tokens(q, B * Sq)
+    out_tokens, out_user = _output(xp, q_tokens, out, q.shape)
+    problem = AttentionProblem(
+        q=q_tokens,
+        k=_tokens(k, B * Sk),
+        v=_tokens(v, B * Sk),
+        out=out_tokens,
+        softmax_lse=xp.empty((H, B * Sq), dtype=np.float32),
+        batch_size=B,
+        seqlen_q=Sq,
+        seqlen_k=Sk,
+        max_seqlen_q=Sq,
+        max_seqlen_k=Sk,
+        softmax_scale=_scale(softmax_scale, D),
+        window_left=left,
+        window_right=right,
+        softcap=float(softcap),
+        alibi_slopes=_alibi(alibi_slopes, xp, B, H),
+    )
+    _run(xp, problem)
+    result = out_user if out_user is not None else out_tokens.reshape(q.shape)
+    lse = None
+    if return_softmax_lse or return_attn_probs:
+        lse = xp.ascontiguousarray(problem.softmax_lse.reshape(H, B, Sq).transpose(1, 0, 2))
+    if return_attn_probs:
+        return result, lse, None
+    return (result, lse) if return_softmax_lse else result
+
+
+def _scale(softmax_scale, head_dim):
+    return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+
+
+# -- varlen and paged -----------------------------------------------------------------------
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    block_table=None,
+    *,
+    page_block_size=None,
+    seqused_k=None,
+    seq_ids=None,
+    return_softmax_lse=False,
+    out=None,
+    check=None,
+):
+    """Attention over a batch of sequences of different lengths, packed without padding.
+
+    Arguments:
+        q: ``(total_q, H, D)``; sequence b owns rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``.
+        k, v: ``(total_k, Hk, D)`` with ``cu_seqlens_k``; or a paged cache
+            ``(num_blocks, page_block_size, Hk, D)`` with ``block_table (B, max_blocks_per_seq)``
+            int32, where logical key ``p`` of sequence ``b`` is row ``p % P`` of page
+            ``block_table[b, p // P]`` and ``cu_seqlens_k`` gives the key lengths; or a
+            :class:`PagedKVCache` as ``k`` (``v=None``, ``cu_seqlens_k=None``), whose sequences
+            ``seq_ids`` (default: all, in creation order) supply keys, lengths and tables.
+        cu_seqlens_q, cu_seqlens_k: int32 ``(B+1,)`` cumulative lengths starting at 0.
+        max_seqlen_q, max_seqlen_k: host ints bounding the lengths (they size the grid).
+        block_table: int32 ``(B, max_blocks_per_seq)`` page ids for a paged k/v.
+        page_block_size: optional; when given it must equal ``k.shape[1]`` (it is read from the
+            cache otherwise).
+        seqused_k: int32 ``(B,)``: use only the first ``seqused_k[b]`` keys of sequence b.
+        Other arguments as :func:`flash_attn_func`; the LSE is ``(H, total_q)``.
+
+    Returns ``out (total_q, H, D)`` (plus the LSE as requested).
+    """
+    if isinstance(k, PagedKVCache):
+        return _varlen_from_cache(**{n: val for n, val in locals().items()})
+    xp, q, k, v = _common_checks(q, k, v, dropout_p, softmax_scale, window_size, softcap)
+    full = _full_check(xp, check)
+    validate.rank("q", q, 3, "varlen (total_q, nheads, headdim)")
+    paged = block_table is not None
+    if paged:
+        validate.paged_kv(k, v)
+    else:
+        validate.rank("k", k, 3, "varlen (total_k, nheads_k, headdim)")
+        validate.rank("v", v, 3, "varlen (total_k, nheads_k, headdim)")
+        if page_block_size is not None:
+            raise explain(
+                ArgumentError, "page_block_size", "is only meaningful with a paged cache",
+                "block_table together with page_block_size", "page_block_size without block_table",
+                "pass block_table (and k/v as (num_blocks, page_block_size, Hk, D)) or drop page_block_size",
+            )
+    validate.head_dims(q, k, v)
+    validate.kv_same_shape(k, v)
+    H, D, Hk = int(q.shape[1]), int(q.shape[2]), int(k.shape[-2])
+    validate.heads(H, Hk)
+    validate.max_seqlen("max_seqlen_q", max_seqlen_q)
+    validate.max_seqlen("max_seqlen_k", max_seqlen_k)
+    cu_seqlens_q, cu_seqlens_k, seqused_k, block_table = (
+        adopt(a) for a in (cu_seqlens_q, cu_seqlens_k, seqused_k, block_table)
+    )
+    validate.cu_seqlens("cu_seqlens_q", cu_seqlens_q, xp, q.shape[0], full)
+    B = int(cu_seqlens_q.shape[0]) - 1
+    validate.cu_seqlens("cu_seqlens_k", cu_seqlens_k, xp, None if paged else k.shape[0], full)
+    validate.batch_matches("cu_seqlens_k", cu_seqlens_k, B + 1, "cu_seqlens_q")
+    if seqused_k is not None:
+        validate.index_array("seqused_k", seqused_k, xp, 1, length=B)
+    P = 0
+    if paged:
+        P = validate.page_block_size(page_block_size, k)
+        validate.block_table(block_table, xp, B)
+    if full:
+        validate.max_seqlen_covers("max_seqlen_q", max_seqlen_q, "cu_seqlens_q", cu_seqlens_q)
+        lengths_k = np.diff(validate._host(cu_seqlens_k).astype(np.int64))
+        if seqused_k is not None:
+            used = validate._host(seqused_k).astype(np.int64)
+            if not paged:
+                validate.seqused_within(used, lengths_k)
+            lengths_k = used
+        if paged:
+            validate.lengths_fit(
+                "cu_seqlens_k" if seqused_k is None else "seqused_k", lengths_k,
+                int(block_table.shape[1]) * P,
+                f"is longer than max_blocks_per_seq * page_block_size = {block_table.shape[1]} * {P}",
+                "give the block table more columns or the sequence fewer keys",
+            )
+            validate.block_ids_in_range(block_table, lengths_k, P, int(k.shape[0]))
+    left, right = _mask(causal, window_size)
+    out_tokens, out_user = _output(xp, q, out, q.shape)
+    problem = AttentionProblem(
+        q=q,
+        k=k,
+        v=v,
+        out=out_tokens,
+        softmax_lse=xp.empty((H, q.shape[0]), dtype=np.float32),
+        batch_size=B,
+        seqlen_q=0,
+        seqlen_k=0,
+        max_seqlen_q=int(max_seqlen_q),
+        max_seqlen_k=int(max_seqlen_k),
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        seqused_k=seqused_k,
+        block_table=block_table,
+        page_block_size=P,
+        softmax_scale=_scale(softmax_scale, D),
+        window_left=left,
+        window_right=right,
+        softcap=float(softcap),
+        alibi_slopes=_alibi(alibi_slopes, xp, B, H),
+    )
+    _run(xp, problem)
+    result = out_user if out_user is not None else out_tokens
+    if return_attn_probs:
+        return result, problem.softmax_lse, None
+    return (result, problem.softmax_lse) if return_softmax_lse else result
+
+
+def _varlen_from_cache(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
+                       page_block_size, seqused_k, seq_ids, **rest):
+    """flash_attn_varlen_func with a PagedKVCache in place of k: keys, lengths, page size and
+    block table all come from the cache, so none of them can disagree with it."""
+    cache = k
+    for name, given in (("v", v), ("cu_seqlens_k", cu_seqlens_k), ("block_table", block_table),
+                        ("seqused_k", seqused_k)):
+        if given is not None:
+            raise explain(
+                ArgumentError, name, "is read from the PagedKVCache passed as k", "None",
+                type(given).__name__, f"drop {name}; the cache supplies it",
+            )
+    validate.page_block_size(page_block_size, cache.k_pages)
+    seq_ids = list(cache.seq_ids) if seq_ids is None else list(seq_ids)
+    table = cache.block_table(seq_ids)
+    lengths = cache.seqlens(seq_ids)
+    xp = cache.xp
+    cu_k = xp.zeros(len(seq_ids) + 1, dtype=np.int32)
+    cu_k[1:] = xp.cumsum(lengths)
+    capacity = int(table.shape[1]) * cache.page_block_size
+    return flash_attn_varlen_func(
+        q, cache.k_pages, cache.v_pages, cu_seqlens_q, cu_k, max_seqlen_q,
+        capacity if max_seqlen_k is None else max_seqlen_k, block_table=table, **rest,
+    )
+
+
+# -- KV cache (decode) ----------------------------------------------------------------------
+
+
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens=None,
+    cache_batch_idx=None,
+    cache_leftpad=None,
+    block_table=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    rotary_interleaved=True,
+    alibi_slopes=None,
+    num_splits=0,
+    return_softmax_lse=False,
+    *,
+    page_block_size=None,
+    seq_ids=None,
+    out=None,
+    check=None,
+):
+    """Attention of a few new query tokens per sequence against a KV cache, appending the new
+    keys/values into the cache in place first (flash-attn's decode entry point).
+
+    Arguments:
+        q: ``(B, Sq, H, D)``.
+        k_cache, v_cache: ``(B_cache, S_cache, Hk, D)``, or paged
+            ``(num_blocks, page_block_size, Hk, D)`` with ``block_table``; or a
+            :class:`PagedKVCache` as ``k_cache`` with ``v_cache=None`` (then ``seq_ids`` picks
+            its sequences and ``cache_seqlens``/``block_table`` come from it).
+        k, v: optional new keys/values ``(B, S_new, Hk, D)``, written at positions
+            ``cache_seqlens[b] ...`` (after rotary on k) before attention.
+        rotary_cos, rotary_sin: ``(seqlen_ro, rotary_dim / 2)``; rotate q and the new k at their
+            absolute cache positions (q: ``cache_seqlens[b] + i`` when causal/local, else
+            ``cache_seqlens[b]``).  ``rotary_interleaved`` pairs dims (0,1),(2,3)... when True,
+            (i, i + rotary_dim/2) when False.
+        cache_seqlens: int or int32 ``(B,)``: current cache lengths (before appending).
+        cache_batch_idx: int32 ``(B,)``: which cache row each sequence uses (contiguous cache).
+        cache_leftpad: int32 ``(B,)``: keys start at this cache index (contiguous cache).
+        block_table: int32 ``(B, max_blocks_per_seq)`` for a paged cache.
+        num_splits: split-KV factor (0 = automatic); a hint to the CUDA backend.
+        Other arguments as :func:`flash_attn_func`; the LSE is ``(B, H, Sq)``.
+
+    Returns ``out (B, Sq, H, D)`` (and the LSE with ``return_softmax_lse``).  Like flash-attn,
+    ``cache_seqlens`` itself is not updated; a PagedKVCache updates its own lengths.
+    """
+    from . import rotary as rotary_ops
+
+    cache_obj = k_cache if isinstance(k_cache, PagedKVCache) else None
+    if cache_obj is not None:
+        for name, given in (("v_cache", v_cache), ("cache_seqlens", cache_seqlens),
+                            ("block_table", block_table), ("cache_batch_idx", cache_batch_idx),
+                            ("cache_leftpad", cache_leftpad)):
+            if given is not None:
+                raise explain(
+                    ArgumentError, name, "is read from the PagedKVCache passed as k_cache", "None",
+                    type(given).__name__, f"drop {name}; the cache supplies it",
+                )
+        validate.page_block_size(page_block_size, cache_obj.k_pages)
+        k_cache, v_cache = cache_obj.k_pages, cache_obj.v_pages
+        seq_ids = list(cache_obj.seq_ids) if seq_ids is None else list(seq_ids)
+    xp, q, k_cache, v_cache = _common_checks(q, k_cache, v_cache, 0.0, softmax_scale, window_size, softcap)
+    validate.num_splits(num_splits)
+    full = _full_check(xp, check)
+    validate.rank("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
+    B, Sq, H, D = (int(s) for s in q.shape)
+    paged = block_table is not None or cache_obj is not None
+    if paged:
+        validate.paged_kv(k_cache, v_cache, "k_cache", "v_cache")
+    else:
+        validate.rank("k_cache", k_cache, 4, "(batch_cache, seqlen_cache, nheads_k, headdim)")
+    validate.head_dims(q, k_cache, v_cache)
+    validate.kv_same_shape(k_cache, v_cache, "k_cache", "v_cache")
+    Hk = int(k_cache.shape[2])
+    validate.heads(H, Hk)
+    k, v = adopt(k), adopt(v)
+    if (k is None) != (v is None):
+        raise explain(
+            ArgumentError, "k" if k is None else "v", "new keys and values must be given together",
+            "both k and v, or neither", "only one", "pass both k and v",
+        )
+    S_new = 0
+    if k is not None:
+        validate.same_backend(xp, k=k, v=v)
+        validate.same_dtype("q", q, k=k, v=v)
+        validate.rank("k", k, 4, "(batch, seqlen_new, nheads_k, headdim)")
+        validate.kv_same_shape(k, v)
+        validate.batch_matches("k", k, B)
+        if tuple(k.shape[2:]) != (Hk, D):
+            raise explain(
+                validate.ShapeError, "k", "new keys must have the cache's (nheads_k, headdim)",
+                (Hk, D), tuple(k.shape[2:]), "project new keys with the cache's head layout",
+            )
+        S_new = int(k.shape[1])
+    rotary_cos, rotary_sin = adopt(rotary_cos), adopt(rotary_sin)
+    if rotary_cos is not None and k is None:
+        raise explain(
+            ArgumentError, "rotary_cos", "rotary embedding needs the new keys it rotates",
+            "k and v with rotary_cos/rotary_sin", "rotary tables without k",
+            "pass the new k and v, or rotate q yourself",
+        )
+
+    if cache_obj is not None:
+        return _kvcache_from_cache(
+            cache_obj, seq_ids, xp, q, k, v, rotary_cos, rotary_sin, rotary_interleaved, causal,
+            window_size, softmax_scale, softcap, alibi_slopes, return_softmax_lse, out, full,
+        )
+
+    # cache geometry
+    cache_batch_idx, cache_leftpad, block_table = (adopt(a) for a in (cache_batch_idx, cache_leftpad, block_table))
+    if paged:
+        P = validate.page_block_size(page_block_size, k_cache)
+        validate.block_table(block_table, xp, B)
+        capacity = int(block_table.shape[1]) * P
+        for name, given in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+            if given is not None:
+                raise explain(
+                    UnsupportedError, name, "is not supported with a paged cache (as in flash-attn)",
+                    "None with block_table", "an array", "point the block table at the right pages instead",
+                )
+    else:
+        P = 0
+        capacity = int(k_cache.shape[1])
+        if cache_batch_idx is None:
+            validate.batch_matches("k_cache", k_cache, B)
+        else:
+            validate.index_array("cache_batch_idx", cache_batch_idx, xp, 1, length=B)
+        if cache_leftpad is not None:
+            validate.index_array("cache_leftpad", cache_leftpad, xp, 1, length=B)
+    seqlens = _cache_seqlens(cache_seqlens, xp, B, capacity)
+    validate.rotary(rotary_cos, rotary_sin, xp, D, capacity if full else None)
+
+    if full:
+        host_lens = validate._host(seqlens).astype(np.int64)
+        validate.lengths_fit(
+            "cache_seqlens", host_lens + S_new, capacity,
+            f"would hold more than the cache's {capacity} positions after appending {S_new} new tokens",
+            "allocate a larger cache (or more block-table columns), or start a new sequence",
+        )
+        if cache_batch_idx is not None:
+            idx = validate._host(cache_batch_idx).astype(np.int64)
+            validate.lengths_fit(
+                "cache_batch_idx", idx, int(k_cache.shape[0]) - 1, "points past the cache's batch rows",
+                "use indices in [0, k_cache.shape[0])",
+            )
+        if cache_leftpad is not None:
+            pad = validate._host(cache_leftpad).astype(np.int64)
+            validate.lengths_fit(
+                "cache_leftpad", pad - host_lens + capacity, capacity,
+                "starts after the end of its cached keys", "keep cache_leftpad[b] <= cache_seqlens[b]",
+            )
+        if paged:
+            validate.block_ids_in_range(block_table, host_lens + S_new, P, int(k_cache.shape[0]))
+
+    # rotary, then append the new keys/values in place
+    if rotary_cos is not None:
+        q, k = _rotate_new_tokens(xp, q, k, seqlens, rotary_cos, rotary_sin, rotary_interleaved, causal, window_size)
+    if k is not None:
+        if paged:
+            rotary_ops.append_kv_paged(k_cache, v_cache, block_table, k, v, seqlens)
+        else:
+            rotary_ops.append_kv_contiguous(k_cache, v_cache, k, v, seqlens, cache_batch_idx)
+    seqused = (seqlens + S_new).astype(np.int32)
+
+    left, right = _mask(causal, window_size)
+    q_tokens = _tokens(q, B * Sq)
+    out_tokens, out_user = _output(xp, q_tokens, out, q.shape)
+    problem = AttentionProblem(
+        q=q_tokens,
+        k=k_cache if paged else _tokens(k_cache, k_cache.shape[0] * k_cache.shape[1]),
+        v=v_cache if paged else _tokens(v_cache, v_cache.shape[0] * v_cache.shape[1]),
+        out=out_tokens,
+        softmax_lse=xp.empty((H, B * Sq), dtype=np.float32),
+        batch_size=B,
+        seqlen_q=Sq,
+        seqlen_k=capacity,
+        max_seqlen_q=Sq,
+        max_seqlen_k=capacity,
+        seqused_k=seqused,
+        cache_batch_idx=cache_batch_idx,
+        leftpad_k=cache_leftpad,
+        block_table=block_table,
+        page_block_size=P,
+        softmax_scale=_scale(softmax_scale, D),
+        window_left=left,
+        window_right=right,
+        softcap=float(softcap),
+        alibi_slopes=_alibi(alibi_slopes, xp, B, H),
+    )
+    problem.num_splits = int(num_splits)
+    _run(xp, problem)
+    result = out_user if out_user is not None else out_tokens.reshape(q.shape)
+    if return_softmax_lse:
+        return result, xp.ascontiguousarray(problem.softmax_lse.reshape(H, B, Sq).transpose(1, 0, 2))
+    return result
+
+
+def _cache_seqlens(cache_seqlens, xp, batch, capacity):
+    """cache_seqlens as an int32 (B,) array on q's device (an int is broadcast; None = full)."""
+    if cache_seqlens is None:
+        return xp.full((batch,), capacity, dtype=np.int32)
+    if isinstance(cache_seqlens, (int, np.integer)):
+        if not 0 <= int(cache_seqlens) <= capacity:
+            raise explain(
+                SeqlenError, "cache_seqlens", "is outside the cache", f"0 <= cache_seqlens <= {capacity}",
+                int(cache_seqlens), "pass the number of tokens already in the cache",
+            )
+        return xp.full((batch,), int(cache_seqlens), dtype=np.int32)
+    cache_seqlens = adopt(cache_seqlens)
+    validate.index_array("cache_seqlens", cache_seqlens, xp, 1, length=batch)
+    return cache_seqlens
+
+
+def _rotate_new_tokens(xp, q, k, cache_seqlens, cos, sin, interleaved, causal, window_size):
+    """Rotary embedding at absolute cache positions: new key i of sequence b sits at
+    ``cache_seqlens[b] + i``; query i too when causal/local (each query is a new token), else
+    every query uses ``cache_seqlens[b]`` (flash-attn's convention)."""
+    from .rotary import apply_rotary
+
+    B, Sq = int(q.shape[0]), int(q.shape[1])
+    base = cache_seqlens.astype(np.int32)[:, None]
+    k_pos = base + xp.arange(int(k.shape[1]), dtype=np.int32)[None, :]
+    left, right = _mask(causal, window_size)
+    if causal or left >= 0 or right >= 0:
+        q_pos = base + xp.arange(Sq, dtype=np.int32)[None, :]
+    else:
+        q_pos = xp.broadcast_to(base, (B, Sq))
+    return apply_rotary(q, cos, sin, q_pos, interleaved), apply_rotary(k, cos, sin, k_pos, interleaved)
+
+
+def _kvcache_from_cache(cache, seq_ids, xp, q, k, v, rotary_cos, rotary_sin, rotary_interleaved,
+                        causal, window_size, softmax_scale, softcap, alibi_slopes,
+                        return_softmax_lse, out, full):
+    """flash_attn_with_kvcache on a PagedKVCache: append through the cache (which allocates
+    pages), then attend over its tables and lengths."""
+    B, Sq, H, D = (int(s) for s in q.shape)
+    if len(seq_ids) != B:
+        raise explain(
+            validate.ShapeError, "seq_ids", "must name one cache sequence per batch entry of q",
+            f"{B} ids", f"{len(seq_ids)} ids", "pass seq_ids=[...] with q.shape[0] entries",
+        )
+    before = cache.seqlens(seq_ids)
+    if rotary_cos is not None:
+        capacity = cache.max_blocks_per_seq * cache.page_block_size
+        validate.rotary(rotary_cos, rotary_sin, xp, D, capacity if full else None)
+        q, k = _rotate_new_tokens(xp, q, k, before, rotary_cos, rotary_sin, rotary_interleaved, causal, window_size)
+    if k is not None:
+        cache.append(seq_ids, k, v)
+    return flash_attn_with_kvcache(
+        q, cache.k_pages, cache.v_pages, cache_seqlens=cache.seqlens(seq_ids),
+        block_table=cache.block_table(seq_ids), softmax_scale=softmax_scale, causal=causal,
+        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+        return_softmax_lse=return_softmax_lse, out=out, check=full,
+    )

@@ -1,0 +1,446 @@
+"""Every check the public API makes before anything is launched.
+
+Each function checks one thing and raises one typed error (``errors.py``) whose message keeps
+the wording users search for (flash-attn's and candle's), names the argument, shows the expected
+and the given values, and says how to fix it.
+
+Value checks that would need the contents of an index array (cu_seqlens monotonic, block ids in
+range, lengths within the block table) run always on NumPy inputs and, on CuPy inputs, only with
+``check=True``, because reading a device array forces a host synchronisation.  Without them the
+kernels still never read out of bounds: they clamp every range (see ``problem.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from ._arrays import BFLOAT16, array_module, dtype_name
+from .errors import (
+    ArgumentError,
+    BlockTableError,
+    DeviceError,
+    DTypeError,
+    LayoutError,
+    PageSizeMismatchError,
+    SeqlenError,
+    ShapeError,
+    UnsupportedError,
+    explain,
+)
+
+#: Largest head dim the kernels are instantiated for (flash-attn's limit too).
+MAX_HEAD_DIM = 256
+
+GPU_DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))
+CPU_DTYPES = GPU_DTYPES + (np.dtype(np.float64),)
+
+_ACCEPTED = "a NumPy array (CPU backend) or a CuPy array (CUDA backend; torch/JAX GPU arrays are adopted zero-copy via DLPack)"
+
+
+def _shape(a) -> str:
+    return str(tuple(int(s) for s in a.shape))
+
+
+# -- arrays, devices, dtypes ----------------------------------------------------------------
+
+
+def array(name: str, a):
+    """``a`` must be a NumPy or CuPy array; returns its array module."""
+    xp = array_module(a)
+    if xp is None:
+        raise explain(
+            DTypeError, name, "unsupported array type", _ACCEPTED, type(a).__name__,
+            f"convert {name} with numpy.asarray(...) or cupy.asarray(...)",
+        )
+    return xp
+
+
+def same_backend(xp, **arrays):
+    """All given arrays live in the same library (and, for CuPy, on the same device)."""
+    device = None
+    for name, a in arrays.items():
+        if a is None:
+            continue
+        other = array(name, a)
+        if other is not xp:
+            raise explain(
+                DeviceError, name, "mixes array libraries with q",
+                f"a {xp.__name__} array like q", f"a {other.__name__} array",
+                f"move {name} with {xp.__name__}.asarray(...) so every array lives where q does",
+            )
+        if xp is not np:
+            dev = a.device.id
+            if device is None:
+                device = dev
+            elif dev != device:
+                raise explain(
+                    DeviceError, name, "is on another GPU than q", f"device {device}",
+                    f"device {dev}", f"copy it under `with cupy.cuda.Device({device}):`",
+                )
+
+
+def dtype_supported(name: str, a, xp):
+    allowed = CPU_DTYPES if xp is np else GPU_DTYPES
+    if np.dtype(a.dtype) not in allowed:
+        names = ", ".join(dtype_name(d) for d in allowed)
+        raise explain(
+            DTypeError, name, "unsupported dtype", f"one of {names}", dtype_name(a.dtype),
+            f"cast it, e.g. {name}.astype(numpy.float16)"
+            + ("" if xp is np else " (float64 runs only on the NumPy/CPU backend)"),
+        )
+
+
+def same_dtype(reference_name: str, reference, **arrays):
+    for name, a in arrays.items():
+        if a is not None and np.dtype(a.dtype) != np.dtype(reference.dtype):
+            raise explain(
+                DTypeError, name, f"query and key/value must have the same dtype as {reference_name}",
+                dtype_name(reference.dtype), dtype_name(a.dtype),
+                f"cast with {name}.astype({reference_name}.dtype)",
+            )
+
+
+def index_array(name: str, a, xp, ndim: int, length=None):
+    """An int32 index array (cu_seqlens, seqused_k, cache_seqlens, block_table...)."""
+    same_backend(xp, **{name: a})
+    if a.ndim != ndim:
+        raise explain(
+            ShapeError, name, f"must have rank {ndim}", f"{ndim} dims", f"shape {_shape(a)}",
+            f"pass {name} as a {ndim}-d int32 array",
+        )
+    if np.dtype(a.dtype) != np.int32:
+        raise explain(
+            DTypeError, name, "must have dtype int32", "int32", dtype_name(a.dtype),
+            f"convert with {name}.astype(numpy.int32)",
+        )
+    if length is not None and a.shape[0] != length:
+        raise explain(
+            ShapeError, name, "has the wrong length", f"shape[0] == {length}", f"shape {_shape(a)}",
+            f"give one entry per sequence ({length})",
+        )
+    last_dim_contiguous(name, a)
+
+
+def rank(name: str, a, ndim: int, layout: str):
+    if a.ndim != ndim:
+        raise explain(
+            ShapeError, name, f"has the wrong rank for the {layout} layout", f"rank {ndim} {layout}",
+            f"rank {a.ndim} with shape {_shape(a)}",
+            f"reshape {name} to {layout}",
+        )
+
+
+def last_dim_contiguous(name: str, a):
+    if a.ndim and a.shape[-1] > 1 and a.strides[-1] != a.itemsize:
+        raise explain(
+            LayoutError, name, "Input tensor must have contiguous last dimension",
+            f"stride {a.itemsize} bytes", f"stride {a.strides[-1]} bytes",
+            f"pass xp.ascontiguousarray({name})",
+        )
+
+
+# -- heads and head dims --------------------------------------------------------------------
+
+
+def head_dims(q, k, v):
+    D = q.shape[-1]
+    for name, a in (("k", k), ("v", v)):
+        if a.shape[-1] != D:
+            raise explain(
+                ShapeError, name, "head dim must match q's", f"last dim {D}",
+                f"last dim {a.shape[-1]} (shape {_shape(a)})",
+                "use the same head dim for q, k and v",
+            )
+    if not 1 <= D <= MAX_HEAD_DIM:
+        raise explain(
+            UnsupportedError, "q", f"FlashAttention forward only supports head dimension at most {MAX_HEAD_DIM}",
+            f"1 <= head_dim <= {MAX_HEAD_DIM}", D,
+            "split the head dim into several heads, or project to a smaller head dim",
+        )
+
+
+def heads(num_heads: int, num_heads_k: int):
+    if num_heads_k < 1 or num_heads % num_heads_k != 0:
+        raise explain(
+            ShapeError, "k", "Number of heads in key/value must divide number of heads in query",
+            f"a divisor of H={num_heads}", f"Hk={num_heads_k}",
+            "repeat kv heads or pick Hk among the divisors of H "
+            f"({', '.join(str(d) for d in range(1, num_heads + 1) if num_heads % d == 0)})",
+        )
+
+
+def kv_same_shape(k, v, k_name="k", v_name="v"):
+    if tuple(k.shape) != tuple(v.shape):
+        raise explain(
+            ShapeError, v_name, f"must have the same shape as {k_name}", _shape(k), _shape(v),
+            f"allocate {k_name} and {v_name} with one shape",
+        )
+
+
+def batch_matches(name: str, a, batch: int, what: str = "q"):
+    if a.shape[0] != batch:
+        raise explain(
+            ShapeError, name, f"batch size must match {what}'s", f"shape[0] == {batch}",
+            f"shape {_shape(a)}", f"give {name} one entry per sequence of {what}",
+        )
+
+
+# -- scalar options -------------------------------------------------------------------------
+
+
+def dropout(dropout_p):
+    if dropout_p not in (0, 0.0, None):
+        raise explain(
+            UnsupportedError, "dropout_p", "dropout is not supported (forward inference only)",
+            "0.0", dropout_p, "pass dropout_p=0.0; apply dropout elsewhere if you train",
+        )
+
+
+def softmax_scale(scale):
+    if scale is None:
+        return
+    if not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+        raise explain(
+            ArgumentError, "softmax_scale", "must be a finite number", "e.g. 1/sqrt(head_dim)",
+            scale, "pass a float, or None for 1/sqrt(head_dim)",
+        )
+
+
+def window_size(window):
+    ok = (
+        isinstance(window, (tuple, list))
+        and len(window) == 2
+        and all(isinstance(w, numbers.Integral) and w >= -1 for w in window)
+    )
+    if not ok:
+        raise explain(
+            ArgumentError, "window_size", "must be a pair of ints >= -1 (-1 = unlimited)",
+            "(left, right), e.g. (-1, -1) or (256, 0)", window,
+            "pass window_size=(left, right) with -1 for no limit",
+        )
+
+
+def softcap(cap):
+    if not isinstance(cap, numbers.Real) or not math.isfinite(cap) or cap < 0:
+        raise explain(
+            ArgumentError, "softcap", "must be a finite number >= 0 (0 disables it)", ">= 0", cap,
+            "pass softcap=0.0 to disable, or a positive cap such as 30.0",
+        )
+
+
+def num_splits(n):
+    if not isinstance(n, numbers.Integral) or n < 0:
+        raise explain(
+            ArgumentError, "num_splits", "must be an int >= 0 (0 = choose automatically)", ">= 0",
+            n, "pass num_splits=0",
+        )
+
+
+def max_seqlen(name: str, value):
+    if not isinstance(value, numbers.Integral) or value < 0:
+        raise explain(
+            SeqlenError, name, "must be a host int >= 0 (it sizes the launch grid)", "int >= 0",
+            repr(value), f"pass {name}=int(max length)",
+        )
+
+
+def alibi_slopes(slopes, xp, batch: int, num_heads: int):
+    if slopes is None:
+        return
+    same_backend(xp, alibi_slopes=slopes)
+    if np.dtype(slopes.dtype) != np.float32:
+        raise explain(
+            DTypeError, "alibi_slopes", "must have dtype float32", "float32", dtype_name(slopes.dtype),
+            "convert with alibi_slopes.astype(numpy.float32)",
+        )
+    if tuple(slopes.shape) not in ((num_heads,), (batch, num_heads)):
+        raise explain(
+            ShapeError, "alibi_slopes", "must have shape (nheads,) or (batch_size, nheads)",
+            f"({num_heads},) or ({batch}, {num_heads})", _shape(slopes),
+            "give one slope per query head (optionally per sequence)",
+        )
+    last_dim_contiguous("alibi_slopes", slopes)
+
+
+# -- paged KV -------------------------------------------------------------------------------
+
+
+def paged_kv(k, v, k_name="k", v_name="v"):
+    rank(k_name, k, 4, "paged (num_blocks, page_block_size, Hk, D)")
+    rank(v_name, v, 4, "paged (num_blocks, page_block_size, Hk, D)")
+
+
+def page_block_size_value(given):
+    if not isinstance(given, numbers.Integral) or isinstance(given, bool) or given < 1:
+        raise explain(
+            ArgumentError, "page_block_size", "must be an int >= 1", ">= 1", repr(given),
+            "pass page_block_size=k.shape[1], or omit it to read it from the cache",
+        )
+
+
+def page_block_size(given, k) -> int:
+    """The seed of this project: a configured page size that drifted from the cache's.
+
+    Returns the page size to use (read from ``k`` when not given)."""
+    actual = int(k.shape[1])
+    if given is None:
+        return actual
+    page_block_size_value(given)
+    if given != actual:
+        nb, _, hk, d = (int(s) for s in k.shape)
+        raise PageSizeMismatchError(
+            f"page_block_size {given} does not match k shape (blocks={nb}, {actual}, {hk}, {d}): "
+            f"the kernel would address pages of {given} rows in a cache whose pages hold {actual} "
+            f"(expected page_block_size == k.shape[1] == {actual}, got {given}). Fix: allocate the "
+            f"cache with page_block_size={given} (shape ({nb}, {given}, {hk}, {d})), or pass "
+            f"page_block_size=k.shape[1] (= {actual}), or omit page_block_size so it is read from "
+            "the cache, or use PagedKVCache, which makes this mismatch impossible."
+        )
+    return actual
+
+
+def block_table(table, xp, batch: int):
+    index_array("block_table", table, xp, 2, length=batch)
+    if table.shape[1] < 1:
+        raise explain(
+            BlockTableError, "block_table", "must have at least one column", "shape (batch, >= 1)",
+            f"shape {_shape(table)}", "give max_blocks_per_seq >= 1 columns",
+        )
+
+
+def block_ids_in_range(table, lengths, page_size: int, num_blocks: int):
+    """Host-side: every page a sequence uses (positions < its length) is in [0, num_blocks)."""
+    table = _host(table)
+    lengths = np.asarray(_host(lengths), dtype=np.int64)
+    used = (lengths + page_size - 1) // page_size
+    cols = np.arange(table.shape[1])[None, :]
+    in_use = cols < used[:, None]
+    bad = in_use & ((table < 0) | (table >= num_blocks))
+    if bad.any():
+        b, i = (int(x) for x in np.argwhere(bad)[0])
+        raise explain(
+            BlockTableError, "block_table", f"entry [{b}, {i}] points outside the page pool",
+            f"a page id in [0, {num_blocks})", int(table[b, i]),
+            "fill block_table only with ids of allocated pages (k.shape[0] pages); "
+            "PagedKVCache.block_table() does this for you",
+        )
+
+
+def lengths_fit(name: str, lengths, capacity: int, why: str, fix: str):
+    """Host-side: every length is in [0, capacity]."""
+    lengths = np.asarray(_host(lengths), dtype=np.int64)
+    if lengths.size == 0:
+        return
+    b_max = int(np.argmax(lengths))
+    b_min = int(np.argmin(lengths))
+    if lengths[b_min] < 0:
+        raise explain(
+            SeqlenError, name, f"sequence {b_min} has a negative length", ">= 0", int(lengths[b_min]),
+            "lengths (and cache_seqlens) must be >= 0",
+        )
+    if lengths[b_max] > capacity:
+        raise explain(SeqlenError, name, f"sequence {b_max} {why}", f"<= {capacity}", int(lengths[b_max]), fix)
+
+
+def seqused_within(used, lengths):
+    """Host-side: seqused_k[b] is in [0, cu_seqlens_k[b+1] - cu_seqlens_k[b]]."""
+    bad = (used < 0) | (used > lengths)
+    if bad.any():
+        b = int(np.argmax(bad))
+        raise explain(
+            SeqlenError, "seqused_k", f"sequence {b} uses more keys than cu_seqlens_k gives it",
+            f"0 <= seqused_k[{b}] <= {int(lengths[b])}", int(used[b]),
+            "keep seqused_k[b] <= cu_seqlens_k[b+1] - cu_seqlens_k[b]",
+        )
+
+
+# -- varlen ---------------------------------------------------------------------------------
+
+
+def cu_seqlens(name: str, cu, xp, total: int | None, full: bool):
+    """cu_seqlens: int32 (B+1,), starting at 0, non-decreasing, ending at ``total`` tokens."""
+    index_array(name, cu, xp, 1)
+    if cu.shape[0] < 2:
+        raise explain(
+            SeqlenError, name, "must hold batch_size + 1 cumulative offsets", "length >= 2",
+            f"length {cu.shape[0]}", f"build it as [0, len_0, len_0 + len_1, ...]",
+        )
+    if not full:
+        return
+    host = _host(cu).astype(np.int64)
+    if host[0] != 0:
+        raise explain(
+            SeqlenError, name, "must start at 0", "0", int(host[0]),
+            "prepend 0: cu_seqlens = concatenate([[0], cumsum(lengths)])",
+        )
+    steps = np.diff(host)
+    if (steps < 0).any():
+        b = int(np.argmax(steps < 0))
+        raise explain(
+            SeqlenError, name, f"must be non-decreasing (entry {b + 1} is below entry {b})",
+            f">= {int(host[b])}", int(host[b + 1]), "build it with a cumulative sum of lengths >= 0",
+        )
+    if total is not None and host[-1] != total:
+        raise explain(
+            SeqlenError, name, "must end at the total number of tokens", total, int(host[-1]),
+            "the last entry is the number of packed rows of the tensor it indexes",
+        )
+
+
+def max_seqlen_covers(name: str, max_len: int, cu_name: str, cu):
+    host = _host(cu).astype(np.int64)
+    longest = int(np.diff(host).max()) if host.size > 1 else 0
+    if longest > max_len:
+        raise explain(
+            SeqlenError, name, f"is smaller than the longest sequence in {cu_name}", f">= {longest}",
+            max_len, f"pass {name}=int(diff({cu_name}).max())",
+        )
+
+
+def _host(a):
+    if a is None or isinstance(a, np.ndarray):
+        return a
+    return a.get()
+
+
+# -- rotary ---------------------------------------------------------------------------------
+
+
+def rotary(cos, sin, xp, head_dim: int, needed_positions: int | None):
+    if cos is None and sin is None:
+        return
+    if (cos is None) != (sin is None):
+        raise explain(
+            ArgumentError, "rotary_cos" if cos is None else "rotary_sin",
+            "rotary_cos and rotary_sin must be given together", "both or neither", "only one",
+            "pass both tables",
+        )
+    same_backend(xp, rotary_cos=cos, rotary_sin=sin)
+    rank("rotary_cos", cos, 2, "(seqlen_ro, rotary_dim / 2)")
+    if tuple(sin.shape) != tuple(cos.shape):
+        raise explain(
+            ShapeError, "rotary_sin", "must have the same shape as rotary_cos", _shape(cos),
+            _shape(sin), "build both tables from the same positions and frequencies",
+        )
+    rotary_dim = 2 * cos.shape[1]
+    if rotary_dim > head_dim or rotary_dim == 0:
+        raise explain(
+            ShapeError, "rotary_cos", "rotary_dim (= 2 * rotary_cos.shape[1]) must be in [2, head_dim]",
+            f"shape[1] <= {head_dim // 2}", f"shape {_shape(cos)}",
+            "give rotary_dim / 2 columns (one frequency per rotated pair)",
+        )
+    if needed_positions is not None and cos.shape[0] < needed_positions:
+        raise explain(
+            ShapeError, "rotary_cos", "has fewer rows (positions) than the cache can hold",
+            f"seqlen_ro >= {needed_positions}", f"shape {_shape(cos)}",
+            "build the tables for every position up to the cache capacity",
+        )
+    for name, a in (("rotary_cos", cos), ("rotary_sin", sin)):
+        if np.dtype(a.dtype) not in CPU_DTYPES:
+            raise explain(
+                DTypeError, name, "must be a float array", "float16/bfloat16/float32", dtype_name(a.dtype),
+                f"convert with {name}.astype(numpy.float32)",
+            )
