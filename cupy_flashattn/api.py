@@ -516,10 +516,12 @@ def flash_attn_with_kvcache(
         if cache_leftpad is not None:
             validate.index_array("cache_leftpad", cache_leftpad, xp, 1, length=B)
     seqlens = _cache_seqlens(cache_seqlens, xp, B, capacity)
-    validate.rotary(rotary_cos, rotary_sin, xp, D, capacity if full else None)
+    validate.rotary(rotary_cos, rotary_sin, xp, D, None)
 
     if full:
         host_lens = validate._host(seqlens).astype(np.int64)
+        if rotary_cos is not None:
+            validate.rotary_covers(rotary_cos, int((host_lens + S_new).max(initial=0)))
         validate.lengths_fit(
             "cache_seqlens", host_lens + S_new, capacity,
             f"would hold more than the cache's {capacity} positions after appending {S_new} new tokens",
@@ -629,8 +631,10 @@ def _kvcache_from_cache(cache, seq_ids, xp, q, k, v, rotary_cos, rotary_sin, rot
         )
     before = cache.seqlens(seq_ids)
     if rotary_cos is not None:
-        capacity = cache.max_blocks_per_seq * cache.page_block_size
-        validate.rotary(rotary_cos, rotary_sin, xp, D, capacity if full else None)
+        validate.rotary(rotary_cos, rotary_sin, xp, D, None)
+        if full:
+            needed = validate._host(before).astype(np.int64) + int(k.shape[1])
+            validate.rotary_covers(rotary_cos, int(needed.max(initial=0)))
         q, k = _rotate_new_tokens(xp, q, k, before, rotary_cos, rotary_sin, rotary_interleaved, causal, window_size)
     if k is not None:
         cache.append(seq_ids, k, v)

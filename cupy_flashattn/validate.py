@@ -432,15 +432,21 @@ def rotary(cos, sin, xp, head_dim: int, needed_positions: int | None):
             f"shape[1] <= {head_dim // 2}", f"shape {_shape(cos)}",
             "give rotary_dim / 2 columns (one frequency per rotated pair)",
         )
-    if needed_positions is not None and cos.shape[0] < needed_positions:
-        raise explain(
-            ShapeError, "rotary_cos", "has fewer rows (positions) than the cache can hold",
-            f"seqlen_ro >= {needed_positions}", f"shape {_shape(cos)}",
-            "build the tables for every position up to the cache capacity",
-        )
+    if needed_positions is not None:
+        rotary_covers(cos, needed_positions)
     for name, a in (("rotary_cos", cos), ("rotary_sin", sin)):
         if np.dtype(a.dtype) not in CPU_DTYPES:
             raise explain(
                 DTypeError, name, "must be a float array", "float16/bfloat16/float32", dtype_name(a.dtype),
                 f"convert with {name}.astype(numpy.float32)",
             )
+
+
+def rotary_covers(cos, needed_positions: int):
+    """Host-side: the tables have a row for every position a new token will occupy."""
+    if cos.shape[0] < needed_positions:
+        raise explain(
+            ShapeError, "rotary_cos", "has fewer rows (positions) than the new tokens occupy",
+            f"seqlen_ro >= {needed_positions}", f"shape {_shape(cos)}",
+            "build the tables for every position up to the cache capacity",
+        )

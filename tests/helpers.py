@@ -1,0 +1,66 @@
+"""Shared test helpers: random inputs, the flash-attn error bound, an independent rotary."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from cupy_flashattn.reference import attention_ref
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = [np.dtype(np.float16), BF16, np.dtype(np.float32), np.dtype(np.float64)]
+
+# Slack added to flash-attn's bound: covers the final rounding of an output to its dtype when
+# the naive error happens to be tiny.  Small enough that a wrong result (errors ~0.1-1) fails.
+EPS = {np.dtype(np.float16): 2e-3, BF16: 1.6e-2, np.dtype(np.float32): 2e-5, np.dtype(np.float64): 1e-10}
+
+
+def randn(rng, shape, dtype):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def to_np(a):
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def assert_within_bound(out, ref, naive, dtype, what="out"):
+    """flash-attn's criterion: max|out - ref| <= 2 * max|naive_same_precision - ref| + eps."""
+    out = to_np(out).astype(np.float64)
+    assert not np.isnan(out).any(), f"{what} has NaN (an element was not written)"
+    err = np.abs(out - ref).max(initial=0.0)
+    naive_err = np.abs(to_np(naive).astype(np.float64) - ref).max(initial=0.0)
+    bound = 2 * naive_err + EPS[np.dtype(dtype)]
+    assert err <= bound, f"{what}: max error {err:.3g} > bound {bound:.3g} (naive {naive_err:.3g})"
+
+
+def assert_lse_close(lse, ref_lse, rtol=1e-4, atol=1e-4):
+    lse = to_np(lse).astype(np.float64)
+    assert not np.isnan(lse).any(), "lse has NaN"
+    inf_ref = np.isinf(ref_lse)
+    np.testing.assert_array_equal(np.isinf(lse), inf_ref)
+    np.testing.assert_allclose(lse[~inf_ref], ref_lse[~inf_ref], rtol=rtol, atol=atol)
+
+
+def ref_and_naive(q, k, v, **kw):
+    """float64 reference (out, lse) and the same-precision naive output."""
+    ref, lse = attention_ref(q, k, v, return_lse=True, **kw)
+    naive = attention_ref(q, k, v, upcast=False, **kw)
+    return ref, lse, naive
+
+
+def rotary_ref(x, cos, sin, positions, interleaved):
+    """Independent float64 rotary: x (S, H, D), positions (S,)."""
+    x = x.astype(np.float64)
+    out = x.copy()
+    rd = 2 * cos.shape[1]
+    c = cos.astype(np.float64)[positions][:, None, :]  # (S, 1, rd/2)
+    s = sin.astype(np.float64)[positions][:, None, :]
+    if interleaved:
+        x1, x2 = x[..., 0:rd:2], x[..., 1:rd:2]
+        out[..., 0:rd:2] = x1 * c - x2 * s
+        out[..., 1:rd:2] = x1 * s + x2 * c
+    else:
+        x1, x2 = x[..., : rd // 2], x[..., rd // 2 : rd]
+        out[..., : rd // 2] = x1 * c - x2 * s
+        out[..., rd // 2 : rd] = x1 * s + x2 * c
+    return out
