@@ -1,0 +1,43 @@
+"""Shared pytest setup.
+
+- Puts the repository root on ``sys.path`` so ``import cupy_flashattn`` works from a plain
+  checkout (no ``pip install -e .`` needed).
+- Registers the ``gpu`` marker and skips ``gpu``-marked tests when no CUDA GPU is usable.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import pytest
+
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO_ROOT not in sys.path:
+    sys.path.insert(0, _REPO_ROOT)
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_gpu_available() -> bool:
+    """True when CuPy imports and sees at least one CUDA device.  Without a driver
+    ``getDeviceCount`` raises (CUDARuntimeError), which counts as "no GPU"."""
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a usable CUDA GPU (skipped without one)")
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items or cuda_gpu_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="no usable CUDA GPU (cupy found no device)")
+    for item in gpu_items:
+        item.add_marker(skip_gpu)
