@@ -1,0 +1,469 @@
+"""``PagedKVCache``: a page pool for K and V, a free-page allocator and per-sequence block tables.
+
+The bookkeeping (which pages a sequence owns, how many tokens it holds) is plain host-side
+Python: it changes once per ``append``/``free`` call, is tiny, and keeping it on the host means
+the cache never has to read a device array to decide where tokens go.  Only the token data lives
+on the device, and each ``append`` writes it with one vectorized scatter per pool.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._arrays import BFLOAT16, array_module, dtype_name
+from .errors import (
+    ArgumentError,
+    CacheExhaustedError,
+    DeviceError,
+    DTypeError,
+    SeqlenError,
+    ShapeError,
+    explain,
+)
+
+__all__ = ["PagedKVCache"]
+
+#: dtypes a cache can hold (float64 only makes sense with the NumPy/CPU backend).
+_DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32), np.dtype(np.float64))
+
+
+@dataclass
+class _Sequence:
+    """Host-side state of one sequence: the pages it owns, in logical order, and its length."""
+
+    pages: list[int] = field(default_factory=list)
+    length: int = 0
+
+
+def _shape(a) -> str:
+    return "(" + ", ".join(str(int(s)) for s in a.shape) + ")"
+
+
+# -- constructor checks ---------------------------------------------------------------------
+
+
+def _positive_int(name: str, value) -> int:
+    # bool is an Integral too, but PagedKVCache(True, ...) is certainly a mistake.
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise explain(
+            DTypeError, name, "must be an int", "an int >= 1", repr(value),
+            f"pass {name} as a Python int, e.g. {name}=int(...)",
+        )
+    if value < 1:
+        raise explain(
+            ArgumentError, name, "must be at least 1", ">= 1", int(value), f"pass {name} >= 1",
+        )
+    return int(value)
+
+
+def _cache_dtype(dtype) -> np.dtype:
+    # The string "bfloat16" only resolves through ml_dtypes, so map it explicitly.  None is
+    # refused before np.dtype, which would read it as float64 (and np.dtype(x) == None is True
+    # for float64, so a `None in _DTYPES` test cannot be trusted either).
+    try:
+        dt = BFLOAT16 if isinstance(dtype, str) and dtype == "bfloat16" else np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dtype is None or dt is None or dt not in _DTYPES:
+        raise explain(
+            DTypeError, "dtype", "unsupported cache dtype",
+            "one of float16, bfloat16 (ml_dtypes.bfloat16), float32, float64", repr(dtype),
+            "pass dtype=numpy.float16, ml_dtypes.bfloat16, numpy.float32 or numpy.float64",
+        )
+    return dt
+
+
+def _array_library(xp):
+    if xp is None:
+        return np
+    if getattr(xp, "__name__", None) not in ("numpy", "cupy"):
+        raise explain(
+            DeviceError, "xp", "must be the numpy or the cupy module", "numpy or cupy", repr(xp),
+            "pass xp=numpy (CPU pool) or xp=cupy (GPU pool on the current device)",
+        )
+    return xp
+
+
+class PagedKVCache:
+    """A paged K/V cache (vLLM / FlashInfer / flash-attn ``block_table`` layout)::
+
+        block_table (B, max_blocks_per_seq) int32     k_pages, v_pages
+        seq b: [ 7, 2, 5, 0, 0 ...]     // [num_blocks, page_block_size, num_heads_k, head_dim]
+                 |  |  |  '-- unused (0)
+                 |  |  '----- positions 2P..3P-1  -> page 5, rows 0..P-1
+                 |  '-------- positions  P..2P-1  -> page 2, rows 0..P-1
+                 '----------- positions  0..P-1   -> page 7, rows 0..P-1 (each (Hk, D))
+        token p of sequence b is k_pages[block_table[b, p // P], p % P]  (P = page_block_size)
+
+    Pages are handed out from a free list as sequences grow and return to it on :meth:`free`, so
+    the pool is shared by all sequences without fragmentation.  Unused block-table entries are 0,
+    a valid page id, so a kernel that reads one by mistake never sees garbage.
+
+    The page size cannot drift from the kernel's: the attention functions read it from
+    ``k_pages.shape[1]`` (pass ``cache.k_pages``/``cache.v_pages`` with ``cache.block_table(...)``
+    and ``cache.seqlens(...)`` and leave ``page_block_size`` unset), so there is no second constant
+    to keep in sync.
+
+    Args:
+        num_blocks: number of pages in the pool (int >= 1).
+        page_block_size: tokens per page, P (int >= 1; any size works, flash-attn uses 256,
+            vLLM 8/16/32).
+        num_heads_k: key/value heads, Hk.
+        head_dim: head dimension, D.
+        dtype: float16, bfloat16 (``ml_dtypes.bfloat16`` or ``"bfloat16"``), float32 or float64.
+        max_blocks_per_seq: pages one sequence may own, i.e. the width of :meth:`block_table`;
+            defaults to ``num_blocks``.
+        xp: ``numpy`` (default) or ``cupy``; the pools are allocated, zero-filled, with it (on the
+            current CUDA device for CuPy).
+
+    Attributes:
+        k_pages, v_pages: the pools, ``(num_blocks, page_block_size, num_heads_k, head_dim)``.
+    """
+
+    def __init__(
+        self,
+        num_blocks,
+        page_block_size,
+        num_heads_k,
+        head_dim,
+        dtype,
+        *,
+        max_blocks_per_seq=None,
+        xp=None,
+    ):
+        self._num_blocks = _positive_int("num_blocks", num_blocks)
+        self._page_block_size = _positive_int("page_block_size", page_block_size)
+        num_heads_k = _positive_int("num_heads_k", num_heads_k)
+        head_dim = _positive_int("head_dim", head_dim)
+        self._max_blocks_per_seq = (
+            self._num_blocks
+            if max_blocks_per_seq is None
+            else _positive_int("max_blocks_per_seq", max_blocks_per_seq)
+        )
+        self._dtype = _cache_dtype(dtype)
+        self._xp = _array_library(xp)
+        shape = (self._num_blocks, self._page_block_size, num_heads_k, head_dim)
+        self.k_pages = self._xp.zeros(shape, dtype=self._dtype)
+        self.v_pages = self._xp.zeros(shape, dtype=self._dtype)
+        # A stack: pop() hands out pages 0, 1, 2... of a fresh pool in order, and the pages
+        # freed last are reused first.
+        self._free: list[int] = list(range(self._num_blocks - 1, -1, -1))
+        self._seqs: dict[int, _Sequence] = {}  # insertion order = creation order
+        self._next_id = 0  # ids are never reused, so a stale id cannot alias a new sequence
+
+    # -- properties ------------------------------------------------------------------------
+
+    @property
+    def num_blocks(self) -> int:
+        return self._num_blocks
+
+    @property
+    def page_block_size(self) -> int:
+        return self._page_block_size
+
+    @property
+    def num_heads_k(self) -> int:
+        return int(self.k_pages.shape[2])
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.k_pages.shape[3])
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return self._max_blocks_per_seq
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def xp(self):
+        """The array module of the pools (numpy or cupy)."""
+        return self._xp
+
+    @property
+    def seq_ids(self) -> list[int]:
+        """Active sequence ids, in creation order."""
+        return list(self._seqs)
+
+    def __repr__(self) -> str:
+        return (
+            f"PagedKVCache(num_blocks={self._num_blocks}, page_block_size={self._page_block_size}, "
+            f"num_heads_k={self.num_heads_k}, head_dim={self.head_dim}, "
+            f"dtype={dtype_name(self._dtype)}, xp={self._xp.__name__}, "
+            f"sequences={len(self._seqs)}, free_blocks={len(self._free)})"
+        )
+
+    # -- sequences -------------------------------------------------------------------------
+
+    def add_sequence(self) -> int:
+        """Register an empty sequence and return its id (pages are allocated on append)."""
+        seq_id = self._next_id
+        self._next_id += 1
+        self._seqs[seq_id] = _Sequence()
+        return seq_id
+
+    def free(self, seq_id) -> None:
+        """Forget sequence ``seq_id`` and return its pages to the free list."""
+        seq = self._lookup("seq_id", seq_id)
+        # Reversed so that the next pop() hands the sequence's first page out first again.
+        self._free.extend(reversed(seq.pages))
+        del self._seqs[int(seq_id)]
+
+    def _lookup(self, name: str, seq_id) -> _Sequence:
+        if (
+            not isinstance(seq_id, numbers.Integral)
+            or isinstance(seq_id, bool)
+            or int(seq_id) not in self._seqs
+        ):
+            raise explain(
+                ArgumentError, name, "unknown sequence id",
+                f"an active id ({self._describe_ids()})", repr(seq_id),
+                "call cache.add_sequence() to create a sequence "
+                "(ids of freed sequences are not reused)",
+            )
+        return self._seqs[int(seq_id)]
+
+    def _describe_ids(self) -> str:
+        ids = list(self._seqs)
+        if not ids:
+            return "none are active"
+        shown = ", ".join(str(i) for i in ids[:8])
+        return f"one of {shown}" + (", ..." if len(ids) > 8 else "")
+
+    def _sequences(self, seq_ids) -> list[_Sequence]:
+        """The states of ``seq_ids`` (an int, or a sequence of distinct active ids)."""
+        ids = [seq_ids] if isinstance(seq_ids, numbers.Integral) else list(seq_ids)
+        seqs = [self._lookup(f"seq_ids[{i}]", s) for i, s in enumerate(ids)]
+        if len({int(s) for s in ids}) != len(ids):
+            # Duplicates would make two block-table rows alias one sequence and, on append,
+            # write two tokens into one slot.
+            raise explain(
+                ArgumentError, "seq_ids", "lists a sequence more than once", "distinct ids",
+                [int(s) for s in ids], "pass each sequence id once per call",
+            )
+        return seqs
+
+    # -- device views of the bookkeeping ---------------------------------------------------
+
+    def block_table(self, seq_ids=None):
+        """int32 ``(B, max_blocks_per_seq)`` block table of ``seq_ids`` (default: all active
+        sequences in creation order), on the cache's device.  Unused entries are 0.
+
+        Built fresh on each call (one host-to-device copy), so it can never be stale; call it
+        again after ``append``/``free``."""
+        seqs = self._sequences(self.seq_ids if seq_ids is None else seq_ids)
+        table = np.zeros((len(seqs), self._max_blocks_per_seq), dtype=np.int32)
+        for row, seq in zip(table, seqs):
+            row[: len(seq.pages)] = seq.pages
+        return self._xp.asarray(table)
+
+    def seqlens(self, seq_ids=None):
+        """int32 ``(B,)`` token counts of ``seq_ids`` (default: all active sequences), on the
+        cache's device; use as ``cache_seqlens``/``seqused_k``."""
+        seqs = self._sequences(self.seq_ids if seq_ids is None else seq_ids)
+        return self._xp.asarray(np.array([s.length for s in seqs], dtype=np.int32))
+
+    # -- append ----------------------------------------------------------------------------
+
+    def append(self, seq_ids, k_new, v_new, cu_seqlens=None) -> None:
+        """Append new tokens' keys and values to sequences, allocating pages as they grow.
+
+        Args:
+            seq_ids: B distinct active sequence ids (an int means ``[id]``).
+            k_new, v_new: ``(B, S_new, Hk, D)`` (S_new tokens for every sequence) or, with
+                ``cu_seqlens``, packed ``(total_new, Hk, D)``; same dtype and array library as
+                the cache.
+            cu_seqlens: int ``(B + 1,)`` cumulative token counts into the packed rows: sequence
+                ``seq_ids[b]`` gets rows ``cu_seqlens[b]:cu_seqlens[b+1]``.  A list or NumPy
+                array; a CuPy array is accepted too but is copied to the host (a sync).
+
+        Raises:
+            CacheExhaustedError: the free pages cannot hold the new tokens, or a sequence would
+                need more than ``max_blocks_per_seq`` pages.  The cache is then left exactly as
+                it was (nothing allocated, nothing written).
+        """
+        seqs = self._sequences(seq_ids)
+        counts = self._new_token_counts(k_new, v_new, cu_seqlens, len(seqs))
+        added = self._reserve(seqs, counts)  # raises before anything changes
+        try:
+            self._scatter(seqs, counts, k_new, v_new)
+        except BaseException:
+            # Give the pages back so a failed write (e.g. no device memory for the index
+            # arrays) leaves the bookkeeping as it was.  Whatever was written landed in free
+            # pages or past a sequence's length, where nothing reads it.
+            for seq, pages in zip(seqs, added):
+                del seq.pages[len(seq.pages) - len(pages) :]
+                self._free.extend(reversed(pages))
+            raise
+        for seq, n in zip(seqs, counts):
+            seq.length += int(n)
+
+    def _new_token_counts(self, k_new, v_new, cu_seqlens, batch: int) -> np.ndarray:
+        """Validate k_new/v_new (and cu_seqlens); return the int64 ``(B,)`` new-token counts."""
+        self._check_new("k_new", k_new)
+        self._check_new("v_new", v_new)
+        if tuple(k_new.shape) != tuple(v_new.shape):
+            raise explain(
+                ShapeError, "v_new", "must have the same shape as k_new", _shape(k_new),
+                _shape(v_new), "append one value row per key row",
+            )
+        hk_d = (self.num_heads_k, self.head_dim)
+        if cu_seqlens is None:
+            if k_new.ndim != 4 or tuple(k_new.shape[2:]) != hk_d:
+                raise explain(
+                    ShapeError, "k_new", "has the wrong shape for a dense append (no cu_seqlens)",
+                    f"(B={batch}, S_new, {hk_d[0]}, {hk_d[1]})", _shape(k_new),
+                    "pass (B, S_new, num_heads_k, head_dim), or packed (total_new, num_heads_k, "
+                    "head_dim) together with cu_seqlens",
+                )
+            if k_new.shape[0] != batch:
+                raise explain(
+                    ShapeError, "k_new", "batch size must match len(seq_ids)",
+                    f"shape[0] == {batch}", _shape(k_new),
+                    "give k_new one row of new tokens per sequence id",
+                )
+            return np.full(batch, k_new.shape[1], dtype=np.int64)
+        if k_new.ndim != 3 or tuple(k_new.shape[1:]) != hk_d:
+            raise explain(
+                ShapeError, "k_new", "has the wrong shape for a varlen append (with cu_seqlens)",
+                f"(total_new, {hk_d[0]}, {hk_d[1]})", _shape(k_new),
+                "pack the new tokens as (total_new, num_heads_k, head_dim), or drop cu_seqlens "
+                "and pass (B, S_new, num_heads_k, head_dim)",
+            )
+        return _counts_from_cu_seqlens(cu_seqlens, batch, int(k_new.shape[0]))
+
+    def _check_new(self, name: str, a) -> None:
+        xp = array_module(a)
+        if xp is None:
+            raise explain(
+                DTypeError, name, "must be an array", f"a {self._xp.__name__} array",
+                type(a).__name__, f"convert with {self._xp.__name__}.asarray({name})",
+            )
+        if xp is not self._xp:
+            given = f"a {xp.__name__} array"
+            raise explain(
+                DeviceError, name, "is not in the cache's array library",
+                f"a {self._xp.__name__} array", given,
+                f"convert with {self._xp.__name__}.asarray({name})",
+            )
+        device = None if xp is np else self.k_pages.device.id
+        if device is not None and a.device.id != device:
+            raise explain(
+                DeviceError, name, "is on another GPU than the cache", f"device {device}",
+                f"device {a.device.id}", f"copy it under `with cupy.cuda.Device({device}):`",
+            )
+        if np.dtype(a.dtype) != self._dtype:
+            raise explain(
+                DTypeError, name, "must have the cache's dtype", dtype_name(self._dtype),
+                dtype_name(a.dtype), f"cast with {name}.astype(cache.dtype)",
+            )
+
+    def _new_pages(self, seqs, counts) -> list[int]:
+        """Pages each sequence needs beyond the ones it owns to hold ``counts`` more tokens."""
+        P = self._page_block_size
+        return [max(0, -(-(s.length + int(n)) // P) - len(s.pages)) for s, n in zip(seqs, counts)]
+
+    def _reserve(self, seqs, counts) -> list[list[int]]:
+        """Check capacity, then move the needed pages from the free list to the sequences;
+        returns the pages each sequence received."""
+        needed = self._new_pages(seqs, counts)
+        for b, (seq, n) in enumerate(zip(seqs, needed)):
+            if len(seq.pages) + n > self._max_blocks_per_seq:
+                tokens = seq.length + int(counts[b])
+                raise explain(
+                    CacheExhaustedError, f"seq_ids[{b}]",
+                    f"{tokens} tokens need {len(seq.pages) + n} pages of {self._page_block_size}, "
+                    "more than one sequence may own",
+                    f"at most max_blocks_per_seq={self._max_blocks_per_seq} pages",
+                    f"{len(seq.pages) + n} pages",
+                    "create the cache with a larger max_blocks_per_seq (or page_block_size), or "
+                    "append fewer tokens to this sequence",
+                )
+        total = sum(needed)
+        if total > len(self._free):
+            raise explain(
+                CacheExhaustedError, "k_new",
+                "the page pool has too few free pages for this append",
+                f"<= {len(self._free)} new pages (the free ones, of {self._num_blocks})",
+                f"{total} new pages needed",
+                f"free() finished sequences, or create the cache with num_blocks >= "
+                f"{self._num_blocks - len(self._free) + total}",
+            )
+        added = []
+        for seq, n in zip(seqs, needed):
+            added.append([self._free.pop() for _ in range(n)])
+            seq.pages.extend(added[-1])
+        return added
+
+    def _scatter(self, seqs, counts, k_new, v_new) -> None:
+        """Write the new tokens into their slots: one fancy-index assignment per pool."""
+        total = int(counts.sum())
+        if total == 0:
+            return
+        pages, slots = self._destinations(seqs, counts)
+        # Dense (B, S_new, Hk, D) rows are already in (b, i) order: flatten to (total, Hk, D).
+        k_rows = k_new.reshape(total, *k_new.shape[-2:])
+        v_rows = v_new.reshape(total, *v_new.shape[-2:])
+        pages, slots = self._xp.asarray(pages), self._xp.asarray(slots)
+        self.k_pages[pages, slots] = k_rows
+        self.v_pages[pages, slots] = v_rows
+
+    def _destinations(self, seqs, counts):
+        """Host int64 ``(page, slot)`` of every new token, sequence-major (the order of k_new)."""
+        P = self._page_block_size
+        batch = len(seqs)
+        lengths = np.array([s.length for s in seqs], dtype=np.int64)
+        width = max(len(s.pages) for s in seqs)
+        table = np.zeros((batch, width), dtype=np.int64)
+        for row, seq in zip(table, seqs):
+            row[: len(seq.pages)] = seq.pages
+        seq_of_token = np.repeat(np.arange(batch), counts)
+        starts = np.cumsum(counts) - counts  # first packed row of each sequence
+        pos = lengths[seq_of_token] + (np.arange(seq_of_token.size) - starts[seq_of_token])
+        return table[seq_of_token, pos // P], pos % P
+
+
+def _counts_from_cu_seqlens(cu_seqlens, batch: int, total: int) -> np.ndarray:
+    """Host int64 ``(B,)`` lengths from a validated cu_seqlens ``(B+1,)`` ending at ``total``."""
+    if hasattr(cu_seqlens, "get") and not isinstance(cu_seqlens, np.ndarray):
+        cu_seqlens = cu_seqlens.get()  # CuPy: documented host sync (the allocator runs on the host)
+    cu = np.asarray(cu_seqlens)
+    if cu.dtype.kind not in "iu":
+        raise explain(
+            DTypeError, "cu_seqlens", "must hold integers", "an int32 array or a list of ints",
+            f"dtype {cu.dtype}", "build it with numpy.cumsum over int lengths (int32)",
+        )
+    if cu.ndim != 1 or cu.shape[0] != batch + 1:
+        raise explain(
+            SeqlenError, "cu_seqlens", "must hold len(seq_ids) + 1 cumulative offsets",
+            f"shape ({batch + 1},)", f"shape {tuple(cu.shape)}",
+            "build it as [0, n_0, n_0 + n_1, ...] with one count per sequence id",
+        )
+    cu = cu.astype(np.int64)
+    if cu[0] != 0:
+        raise explain(
+            SeqlenError, "cu_seqlens", "must start at 0", "0", int(cu[0]),
+            "prepend 0: cu_seqlens = concatenate([[0], cumsum(counts)])",
+        )
+    steps = np.diff(cu)
+    if (steps < 0).any():
+        b = int(np.argmax(steps < 0))
+        raise explain(
+            SeqlenError, "cu_seqlens", f"must be non-decreasing (entry {b + 1} is below entry {b})",
+            f">= {int(cu[b])}", int(cu[b + 1]), "build it with a cumulative sum of counts >= 0",
+        )
+    if cu[-1] != total:
+        raise explain(
+            SeqlenError, "cu_seqlens", "must end at the number of packed rows of k_new",
+            total, int(cu[-1]), "the last entry is k_new.shape[0]",
+        )
+    return steps

@@ -1,0 +1,155 @@
+"""Merge two partial attention results computed over disjoint key sets.
+
+If ``(out_a, lse_a)`` is attention over keys A and ``(out_b, lse_b)`` over keys B, the attention
+over A u B is the LSE-weighted mix (this is how split-KV decoding and cascade / shared-prefix
+attention combine their pieces)::
+
+    lse = log(exp(lse_a) + exp(lse_b))
+    out = exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b
+
+computed stably by subtracting ``max(lse_a, lse_b)`` before exponentiating.  A partial that saw
+no key has LSE +inf (flash-attn's convention) or -inf (the mathematical one); either way it gets
+weight 0, whatever its ``out`` holds.  If neither part saw a key, the result is 0 with LSE +inf.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._arrays import BFLOAT16, array_module, dtype_name
+from .errors import DeviceError, DTypeError, ShapeError, explain
+
+__all__ = ["merge_attention_states"]
+
+_OUT_DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32), np.dtype(np.float64))
+_LSE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _shape(a) -> str:
+    return "(" + ", ".join(str(int(s)) for s in a.shape) + ")"
+
+
+def merge_attention_states(out_a, lse_a, out_b, lse_b):
+    """Attention over the union of two disjoint key sets, from the two partial results.
+
+    Args:
+        out_a, out_b: partial outputs, varlen ``(total, H, D)`` or dense ``(B, S, H, D)``, same
+            shape and dtype (float16, bfloat16, float32 or float64).
+        lse_a, lse_b: their float32 (or float64) natural-log LSEs, flash-attn layouts:
+            ``(H, total)`` for varlen outputs, ``(B, H, S)`` for dense ones.  +inf or -inf marks
+            a row whose partial saw no key.
+
+    Returns:
+        ``(out, lse)``: ``out`` in out_a's shape and dtype, ``lse`` in lse_a's shape, float32
+        (float64 when any input is float64, which is also the compute precision then;
+        otherwise the merge is computed in float32).  Rows empty in both parts give 0 and +inf.
+        Works on NumPy and CuPy arrays (CuPy: a handful of elementwise kernels, no host sync).
+    """
+    xp = _check(out_a, lse_a, out_b, lse_b)
+    wide = any(np.dtype(a.dtype) == np.float64 for a in (out_a, lse_a, out_b, lse_b))
+    ct = np.float64 if wide else np.float32
+
+    la, lb = _finite_or_neg_inf(xp, lse_a, ct), _finite_or_neg_inf(xp, lse_b, ct)
+    m = xp.maximum(la, lb)
+    empty = m == -np.inf  # neither part saw a key
+    m = xp.where(empty, ct(0), m)  # any finite shift works; avoids (-inf) - (-inf) = nan
+    wa, wb = xp.exp(la - m), xp.exp(lb - m)  # in [0, 1], the larger one is exactly 1
+    total = wa + wb
+    lse = xp.where(empty, ct(np.inf), m + xp.log(xp.where(empty, ct(1), total)))
+    scale_a = _row_weights(xp.where(empty, ct(0), wa / xp.where(empty, ct(1), total)), out_a.ndim)
+    scale_b = _row_weights(xp.where(empty, ct(0), wb / xp.where(empty, ct(1), total)), out_b.ndim)
+
+    # An empty part's out may hold anything (even nan); select instead of multiplying by 0.
+    out = xp.where(scale_a > 0, scale_a * out_a.astype(ct), ct(0)) + xp.where(
+        scale_b > 0, scale_b * out_b.astype(ct), ct(0)
+    )
+    return out.astype(out_a.dtype), lse.astype(np.float64 if wide else np.float32)
+
+
+def _finite_or_neg_inf(xp, lse, ct):
+    """lse in the compute dtype with both infinities (no visible key) mapped to -inf."""
+    lse = lse.astype(ct)
+    return xp.where(xp.isinf(lse), ct(-np.inf), lse)
+
+
+def _row_weights(w, out_ndim: int):
+    """Reshape per-row weights from the LSE layout to broadcast against ``out``:
+    ``(H, total) -> (total, H, 1)`` or ``(B, H, S) -> (B, S, H, 1)``."""
+    w = w.T if out_ndim == 3 else w.transpose(0, 2, 1)
+    return w[..., None]
+
+
+def _check(out_a, lse_a, out_b, lse_b):
+    """Validate the four arrays; return their array module."""
+    arrays = {"out_a": out_a, "lse_a": lse_a, "out_b": out_b, "lse_b": lse_b}
+    xp = _same_library(arrays)
+    if out_a.ndim not in (3, 4):
+        raise explain(
+            ShapeError, "out_a", "must be varlen (total, H, D) or dense (B, S, H, D)",
+            "rank 3 or 4", f"shape {_shape(out_a)}",
+            "pass the attention output as flash-attn returns it",
+        )
+    if tuple(out_b.shape) != tuple(out_a.shape):
+        raise explain(
+            ShapeError, "out_b", "must have out_a's shape (the same queries)", _shape(out_a),
+            _shape(out_b), "merge partial results of the same queries over disjoint key sets",
+        )
+    if out_a.ndim == 3:
+        total, H, _ = out_a.shape
+        expected, layout = (H, total), "(H, total) for a varlen (total, H, D) output"
+    else:
+        B, S, H, _ = out_a.shape
+        expected, layout = (B, H, S), "(B, H, S) for a dense (B, S, H, D) output"
+    for name in ("lse_a", "lse_b"):
+        if tuple(arrays[name].shape) != expected:
+            raise explain(
+                ShapeError, name, f"must have flash-attn's LSE layout {layout}",
+                "(" + ", ".join(map(str, expected)) + ")", _shape(arrays[name]),
+                "pass the softmax_lse returned with the output (return_softmax_lse=True); "
+                "transpose a (total, H) LSE with lse.T",
+            )
+    _dtype_in("out_a", out_a, _OUT_DTYPES)
+    _dtype_in("lse_a", lse_a, _LSE_DTYPES)
+    _dtype_in("lse_b", lse_b, _LSE_DTYPES)
+    if np.dtype(out_b.dtype) != np.dtype(out_a.dtype):
+        raise explain(
+            DTypeError, "out_b", "must have out_a's dtype", dtype_name(out_a.dtype),
+            dtype_name(out_b.dtype), "cast with out_b.astype(out_a.dtype)",
+        )
+    return xp
+
+
+def _same_library(arrays):
+    libs = {}
+    for name, a in arrays.items():
+        xp = array_module(a)
+        if xp is None:
+            raise explain(
+                DTypeError, name, "must be an array", "a NumPy or CuPy array", type(a).__name__,
+                f"convert with numpy.asarray({name}) or cupy.asarray({name})",
+            )
+        libs.setdefault(xp, name)
+    if len(libs) > 1:
+        (xa, na), (xb, nb) = list(libs.items())[:2]
+        raise explain(
+            DeviceError, nb, f"mixes array libraries with {na}", f"a {xa.__name__} array like {na}",
+            f"a {xb.__name__} array", f"move it with {xa.__name__}.asarray({nb})",
+        )
+    xp = next(iter(libs))
+    if xp is not np:
+        devices = {name: a.device.id for name, a in arrays.items()}
+        if len(set(devices.values())) > 1:
+            raise explain(
+                DeviceError, "out_b", "the four arrays are on different GPUs", "one device",
+                devices, "copy them to one device under `with cupy.cuda.Device(i):`",
+            )
+    return xp
+
+
+def _dtype_in(name: str, a, allowed) -> None:
+    if np.dtype(a.dtype) not in allowed:
+        names = ", ".join(dtype_name(d) for d in allowed)
+        raise explain(
+            DTypeError, name, "unsupported dtype", f"one of {names}", dtype_name(a.dtype),
+            f"cast with {name}.astype(numpy.float32)",
+        )
