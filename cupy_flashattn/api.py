@@ -36,7 +36,7 @@ import os
 import numpy as np
 
 from . import validate
-from ._arrays import adopt, array_module
+from ._arrays import adopt
 from .errors import ArgumentError, SeqlenError, UnsupportedError, explain
 from .kvcache import PagedKVCache
 from .problem import AttentionProblem

@@ -366,7 +366,7 @@ def cu_seqlens(name: str, cu, xp, total: int | None, full: bool):
     if cu.shape[0] < 2:
         raise explain(
             SeqlenError, name, "must hold batch_size + 1 cumulative offsets", "length >= 2",
-            f"length {cu.shape[0]}", f"build it as [0, len_0, len_0 + len_1, ...]",
+            f"length {cu.shape[0]}", "build it as [0, len_0, len_0 + len_1, ...]",
         )
     if not full:
         return
