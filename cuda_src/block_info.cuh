@@ -1,0 +1,107 @@
+// block_info.cuh -- where one sequence's rows live, resolved ONCE per CTA.
+//
+// Mirrors cupy_flashattn/problem.py::resolve_sequence exactly, including its clamps, so that
+// metadata validation could not check without a host sync (cu_seqlens beyond total_q,
+// seqused_k beyond capacity, bad cache_batch_idx / leftpad_k) never leads to an out-of-bounds
+// access.  After construction the main loop never reads cu_seqlens_* / seqused_k / leftpad_k /
+// cache_batch_idx again; the only per-tile metadata read is the block table (paged caches).
+#pragma once
+#include "params.cuh"
+
+namespace fa {
+
+template <bool Is_paged>
+struct BlockInfo {
+  int q_start;  // first row of this sequence in q / out / lse
+  int len_q;
+  int k_start;  // first row in the flat (k_rows, Hk, D) view (0 for paged caches)
+  int len_k;
+  const int* table;  // this sequence's block-table row (paged only)
+
+  __device__ BlockInfo(const FwdParams& p, int b) {
+    // Queries.
+    i64 qs, lq;
+    if (p.cu_seqlens_q != nullptr) {
+      qs = p.cu_seqlens_q[b];
+      lq = (i64)p.cu_seqlens_q[b + 1] - qs;
+    } else {
+      qs = (i64)b * p.seqlen_q;
+      lq = p.seqlen_q;
+    }
+    qs = lmin(lmax(qs, 0), p.total_q);
+    lq = lmin(lmax(lq, 0), p.total_q - qs);
+    q_start = (int)qs;
+    len_q = (int)lq;
+
+    // Keys.
+    i64 ks, lk;
+    if (p.cu_seqlens_k != nullptr) {
+      ks = p.cu_seqlens_k[b];
+      lk = (i64)p.cu_seqlens_k[b + 1] - ks;
+    } else {
+      ks = (i64)(p.cache_batch_idx != nullptr ? p.cache_batch_idx[b] : b) * p.seqlen_k;
+      lk = p.seqlen_k;
+    }
+    if (p.seqused_k != nullptr) lk = p.seqused_k[b];
+    if (p.leftpad_k != nullptr) {
+      ks += p.leftpad_k[b];
+      lk -= p.leftpad_k[b];
+    }
+    i64 capacity;
+    if (Is_paged) {
+      ks = 0;
+      capacity = (i64)p.max_blocks_per_seq * p.page_size;
+      table = p.block_table + (i64)b * p.table_batch_stride;
+    } else {
+      ks = lmin(lmax(ks, 0), p.k_rows);
+      capacity = p.k_rows - ks;
+      table = nullptr;
+    }
+    lk = lmin(lmax(lk, 0), capacity);
+    k_start = (int)ks;
+    len_k = (int)lk;
+  }
+};
+
+// The resolved geometry, kept in shared memory for the whole CTA.  The main loop re-reads it
+// after each barrier instead of pinning ~10 loop-invariant registers (pointers, lengths) that
+// the D = 128 kernel cannot spare next to its 192 accumulator registers.
+struct SeqInfo {
+  int q_start, len_q, k_start, len_k;
+  i64 kv_head_off;   // element offset of kv head h / h_per_kv in k / v
+  const int* table;  // block-table row of this sequence (paged)
+};
+
+// Key position -> element offset of that key's row (head 0) in k / v, or -1 when the row is
+// absent (past len_k, or its page id is outside [0, num_pages)).  Dense: k_start + pos.
+// Paged: page block_table[b][pos / P], row pos % P.  Called once per (row, tile), never per
+// element; KVTileRows below takes the one-lookup-per-tile path when a tile lies in one page.
+template <bool Is_paged>
+struct KVRowMap {
+  const int* table;
+  i64 row_stride, page_stride;
+  int k_start, len_k, page_size, num_pages;
+
+  __device__ KVRowMap(const FwdParams& p, const SeqInfo& si)
+      : table(si.table),
+        row_stride(p.k_row_stride),
+        page_stride(p.k_page_stride),
+        k_start(si.k_start),
+        len_k(si.len_k),
+        page_size(p.page_size),
+        num_pages(p.k_rows) {}
+
+  // Offset of `pos` when the page holding it is `page` (paged) -- the shared tail of both paths.
+  __device__ __forceinline__ i64 paged_offset(int page, int row_in_page) const {
+    if ((unsigned)page >= (unsigned)num_pages) return -1;  // absent page: zero-fill + mask
+    return (i64)page * page_stride + (i64)row_in_page * row_stride;
+  }
+
+  __device__ __forceinline__ i64 offset(int pos) const {
+    if (pos >= len_k) return -1;
+    if (!Is_paged) return (i64)(k_start + pos) * row_stride;
+    return paged_offset(table[pos / page_size], pos % page_size);
+  }
+};
+
+}  // namespace fa

@@ -1,0 +1,156 @@
+// common.cuh -- types, 16-bit conversions and the inline-PTX wrappers every kernel uses.
+//
+// Header-free on purpose: NVRTC in a pip environment cannot be relied on to find
+// <cuda_fp16.h> / <cuda_bf16.h> / <mma.h>, so half and bfloat16 values travel as raw 16-bit
+// integers and every conversion or tensor-core operation is one PTX instruction below.
+// Everything here needs sm_80 or newer (mma.m16n8k16 with bf16, cp.async, cvt.*x2.f32).
+#pragma once
+
+namespace fa {
+
+using u16 = unsigned short;
+using u32 = unsigned int;
+using i64 = long long;
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+// ---- Element types: how two fp32 values become one .b32 register and which mma runs. -----
+// pack(lo, hi): lo goes to the low 16 bits (the lower column index of a fragment pair).
+// Note PTX's operand order: cvt.rn.{bf16x2,f16x2}.f32 d, a, b puts a in d.hi and b in d.lo.
+struct Bf16 {
+  __device__ __forceinline__ static u32 pack(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
+  // D(16x8,f32) += A(16x16) * B(16x8); A row-major, B "col" (see KERNEL_NOTES.md).
+  __device__ __forceinline__ static void mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+struct F16 {
+  __device__ __forceinline__ static u32 pack(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
+  __device__ __forceinline__ static void mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// ---- Shared memory addressing ---------------------------------------------------------------
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+  u32 r;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+  return r;
+}
+
+// ldmatrix x4: lanes 8i..8i+7 give the 16-byte row addresses of 8x8 matrix i; register ri then
+// holds matrix i's [g][2t, 2t+1] (with .trans: [2t][g], [2t+1][g]), g = lane/4, t = lane%4.
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// ---- cp.async: 16-byte global -> shared copies that overlap compute --------------------------
+// With pred false the source size is 0: nothing is read and the 16 bytes are zero-filled, so
+// rows past the end of a sequence, absent pages and the head-dim tail never touch memory.
+// `src` must still be a valid-looking pointer; callers pass the tensor base in that case.
+__device__ __forceinline__ void cp_async_16(u32 smem_addr, const void* src, bool pred) {
+  const int src_size = pred ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr), "l"(src),
+               "r"(src_size)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// __syncthreads() that also ORs a predicate over the CTA (bar.red.or).
+__device__ __forceinline__ bool syncthreads_or(bool pred) {
+  u32 r;
+  asm volatile(
+      "{ .reg .pred p, q; setp.ne.u32 p, %1, 0; bar.red.or.pred q, 0, p; selp.u32 %0, 1, 0, q; }"
+      : "=r"(r)
+      : "r"((u32)pred)
+      : "memory");
+  return r != 0;
+}
+
+// ---- Plain shared / global vector accesses (no CUDA vector types needed) ---------------------
+__device__ __forceinline__ void st_shared_b32(u32 addr, u32 v) {
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void ld_shared_v4(u32 (&r)[4], u32 addr) {
+  asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void st_global_v4(void* p, const u32 (&r)[4]) {
+  asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(r[0]), "r"(r[1]), "r"(r[2]),
+               "r"(r[3])
+               : "memory");
+}
+
+// ---- Fast math ---------------------------------------------------------------------------------
+__device__ __forceinline__ float exp2_approx(float x) {  // ex2.approx: 2 ulp, exp2(-inf) = 0
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ float log2_approx(float x) {
+  float r;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+// tanh(x) = 1 - 2 / (exp(2x) + 1): absolute error ~1e-7 (tanh.approx.f32 is only ~2^-11
+// relative, which times a softcap of 30-50 would move logits by ~0.02: too coarse for fp16).
+__device__ __forceinline__ float tanh_accurate(float x) {
+  const float e = exp2_approx(x * (2.0f * kLog2e));  // +inf for large x gives exactly 1
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(e + 1.0f));
+  return 1.0f - 2.0f * r;
+}
+
+// Butterfly reductions over the 4 lanes of a quad (the lanes that share an mma row).
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  return x;
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  x += __shfl_xor_sync(0xffffffffu, x, 2);
+  return x;
+}
+
+__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+__device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+__device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
+__device__ __forceinline__ i64 lmin(i64 a, i64 b) { return a < b ? a : b; }
+__device__ __forceinline__ i64 lmax(i64 a, i64 b) { return a > b ? a : b; }
+
+}  // namespace fa

@@ -1,0 +1,75 @@
+// kernel_traits.cuh -- tile sizes per head-dim bucket: the tuning table, in one place.
+//
+// A head dim D (a multiple of 8) runs in the smallest bucket >= D; the D tail is predicated
+// (zero-filled loads, skipped stores), so no kernel per size is needed.  Each specialization
+// says why it was chosen; measurements are in benchmarks/NOTES.md.
+#pragma once
+#include "common.cuh"
+
+namespace fa {
+
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kMinBlocksPerSm_>
+struct FwdTraitsBase {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;  // query rows per CTA
+  static constexpr int kBlockN = kBlockN_;  // keys per K/V tile
+  static constexpr int kNWarps = kNWarps_;
+  static constexpr int kNThreads = kNWarps * 32;
+  static constexpr int kStages = 2;  // K/V double buffering: tile n+1 loads while n computes
+  static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;  // __launch_bounds__ occupancy goal
+
+  static constexpr int kWarpM = kBlockM / kNWarps;  // warps split the query rows, never keys
+  static constexpr int kMRep = kWarpM / 16;         // m16 tiles per warp
+  static constexpr int kNTiles = kBlockN / 8;       // n8 tiles of S per row block
+  static constexpr int kDTiles = kHeadDim / 8;      // n8 tiles of O
+  static constexpr int kChunks = kHeadDim / 8;      // 16-byte chunks per smem row
+  static constexpr int kRowBytes = kHeadDim * 2;
+
+  static_assert(kWarpM % 16 == 0, "each warp owns whole m16 tiles");
+  static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "k16 steps");
+  static_assert(kChunks % 4 == 0, "swizzle needs rows of a multiple of 4 chunks");
+
+  // XOR swizzle of the 16-byte chunk index so that ldmatrix (8 rows, same logical chunk) and
+  // the cp.async stores hit 8 distinct 16-byte bank groups:
+  //  - rows of a multiple of 8 chunks (128 B): chunk ^ (row % 8);
+  //  - rows of 4 * odd chunks (D = 32, 96, 160): consecutive rows start 64 B apart mod 128, so
+  //    (row % 2) already picks the half line and chunk ^ ((row / 2) % 4) spreads the rest.
+  // Both permute chunks inside aligned groups of 8 (resp. 4), never leaving the row.
+  static constexpr int kSwzBits = (kChunks % 8 == 0) ? 3 : 2;
+  __device__ __forceinline__ static int swizzle(int row, int chunk) {
+    return kSwzBits == 3 ? (chunk ^ (row & 7)) : (chunk ^ ((row >> 1) & 3));
+  }
+  // ldmatrix addresses use chunk = 2 * j + (lane / 16) with rows 16 * r + (lane % 16): the
+  // swizzled chunk depends on j only through j % kSwzPeriod, so each lane precomputes
+  // kSwzPeriod offsets and every other address is that plus a compile-time constant.
+  static constexpr int kSwzPeriod = 1 << (kSwzBits - 1);
+
+  static constexpr int kSmemQ = kBlockM * kRowBytes;
+  static constexpr int kSmemKV = kBlockN * kRowBytes;  // one K (or V) tile
+  // Q, K[kStages], V[kStages], then kStages x kBlockN "page present" bytes (paged kernels).
+  static constexpr int kSmemBytes = kSmemQ + 2 * kStages * kSmemKV + kStages * kBlockN;
+};
+
+template <int kHeadDim>
+struct FwdTraits;
+
+// Chosen to be spill-free on sm_80 and sm_90 (ptxas 12.9, see tests/test_nvrtc_compile.py) with
+// 2 CTAs (8 warps) per SM; registers measured for the plain bf16 kernel on sm_90.  Measurements
+// and dead ends: benchmarks/NOTES.md.
+// D = 32: 128 x 64 (128 x 128 spilled 16 bytes on sm_80).  ~167 regs, 24 KB smem.
+template <> struct FwdTraits<32> : FwdTraitsBase<32, 128, 64, 4, 2> {};
+// D = 64: 128 x 64, 32 rows per warp (each K/V fragment used twice).  ~209 regs, 48 KB.
+template <> struct FwdTraits<64> : FwdTraitsBase<64, 128, 64, 4, 2> {};
+// D = 96: 64 x 64.  ~168 regs, 60 KB.
+template <> struct FwdTraits<96> : FwdTraitsBase<96, 64, 64, 4, 2> {};
+// D = 128: 64 x 64 (128 x 64 / 4 warps, flash-attn's choice, spills ~100 B: O 128 + S 64 fp32
+// per thread leave too little).  ~166 regs, 80 KB.  0.71-0.79x torch flash (NOTES.md v1).
+template <> struct FwdTraits<128> : FwdTraitsBase<128, 64, 64, 4, 2> {};
+// D = 160: 64 x 64.  ~222 regs, 100 KB.
+template <> struct FwdTraits<160> : FwdTraitsBase<160, 64, 64, 4, 2> {};
+// D = 192: 64 x 32 (K/V stages halved: 72 KB).  ~218 regs.
+template <> struct FwdTraits<192> : FwdTraitsBase<192, 64, 32, 4, 2> {};
+// D = 256: 64 x 32: O is 128 fp32 per thread; 96 KB smem.  ~244 regs (64 x 16: 196).
+template <> struct FwdTraits<256> : FwdTraitsBase<256, 64, 32, 4, 2> {};
+
+}  // namespace fa

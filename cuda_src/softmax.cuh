@@ -1,0 +1,86 @@
+// softmax.cuh -- online-softmax state of the rows one thread owns.
+//
+// A thread holds, per m-tile mi, two rows of the mma accumulators: row g (half 0) and g+8
+// (half 1).  The 4 lanes of a quad share those rows, so the row max is quad-reduced every tile;
+// the row sum stays a per-thread partial sum and is reduced once, in finalize.
+//   m_new = max(m_old, max_j s_j);  p_j = exp2(s_j * c - m_new * c);  alpha = exp2((m_old - m_new) * c)
+//   l = l * alpha + sum_j p_j;  O = O * alpha + P V;   at the end O /= l, lse = (m c + log2 l) ln 2.
+#pragma once
+#include "common.cuh"
+
+namespace fa {
+
+template <int kMRep>
+struct OnlineSoftmax {
+  float row_max[kMRep][2];  // in the units S is held in; -inf while no key was visible
+  float row_sum[kMRep][2];  // this lane's partial sum of p
+
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int mi = 0; mi < kMRep; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        row_max[mi][h] = neg_inf();
+        row_sum[mi][h] = 0.f;
+      }
+  }
+
+  // Turns S into P (in place, fp32) and rescales O.  c: multiplier to log2 units.
+  template <int kNTiles, int kDTiles>
+  __device__ __forceinline__ void update(float (&s)[kMRep][kNTiles][4],
+                                         float (&o)[kMRep][kDTiles][4], float c) {
+#pragma unroll
+    for (int mi = 0; mi < kMRep; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = row_max[mi][h];
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+          mx = fmaxf(mx, fmaxf(s[mi][nt][2 * h], s[mi][nt][2 * h + 1]));
+        mx = quad_max(mx);
+        // A row with no visible key yet keeps m = -inf; subtracting 0 instead of -inf makes
+        // every p = exp2(-inf) = 0 rather than exp2(-inf - -inf) = NaN.
+        const float m_scaled = mx == neg_inf() ? 0.f : mx * c;
+        const float alpha = exp2_approx(row_max[mi][h] * c - m_scaled);  // 0 when m_old = -inf
+        row_max[mi][h] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pv = exp2_approx(fmaf(s[mi][nt][2 * h + e], c, -m_scaled));
+            s[mi][nt][2 * h + e] = pv;
+            sum += pv;
+          }
+        row_sum[mi][h] = row_sum[mi][h] * alpha + sum;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          o[mi][dt][2 * h] *= alpha;
+          o[mi][dt][2 * h + 1] *= alpha;
+        }
+      }
+  }
+
+  // O /= l and the natural-log LSE.  A row that never saw a key outputs 0 and LSE +inf
+  // (flash-attn's convention for an empty softmax).
+  template <int kDTiles>
+  __device__ __forceinline__ void finalize(float (&o)[kMRep][kDTiles][4], float c,
+                                           float (&lse)[kMRep][2]) {
+#pragma unroll
+    for (int mi = 0; mi < kMRep; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float sum = quad_sum(row_sum[mi][h]);
+        const bool empty = row_max[mi][h] == neg_inf() || !(sum > 0.f);
+        const float inv = empty ? 0.f : 1.f / sum;
+        lse[mi][h] = empty ? pos_inf() : (row_max[mi][h] * c + log2_approx(sum)) * kLn2;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          o[mi][dt][2 * h] *= inv;
+          o[mi][dt][2 * h + 1] *= inv;
+        }
+      }
+  }
+};
+
+}  // namespace fa

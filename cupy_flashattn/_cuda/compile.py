@@ -1,0 +1,305 @@
+"""Kernel instantiations: key -> flat ``extern "C"`` entry point -> compiled function.
+
+Every instantiation of the templated forward kernel is named by a :class:`KernelKey` (dtype,
+head-dim bucket, feature flags) and exposed under a flat C name such as
+``fa_fwd_bf16_d128_local_paged``.  The wrapper that turns the flat argument list into a
+``fa::FwdParams`` and calls the template is generated here as source text and appended to the
+translation unit (no ``name_expressions``: flat names disk-cache on every CuPy version).
+
+Compiled modules are cached twice: in memory (``functools.cache``, one ``RawModule`` per key)
+and on disk by CuPy under ``$CUPY_CACHE_DIR`` (default ``~/.cupy/kernel_cache``), keyed by the
+full source text -- headers inlined, see :mod:`.source` -- plus options, NVRTC version and
+architecture.  CuPy appends ``-arch=sm_<cc>`` of the current device itself (and makes it part of
+that key), so it is not repeated in our options.  Point ``CUPY_CACHE_DIR`` at a persistent
+directory to keep compiled kernels across containers; ``precompile(...)`` builds a chosen set
+ahead of time so the first call of a run does not pay the ~seconds of NVRTC.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import re
+from dataclasses import dataclass
+from typing import Iterable, Sequence, Union
+
+from .source import build_source, cuda_source_dir
+
+__all__ = [
+    "KernelKey",
+    "Traits",
+    "HEAD_DIM_BUCKETS",
+    "DTYPES",
+    "PARAMS",
+    "traits",
+    "shipped_keys",
+    "get_kernel",
+    "precompile",
+    "compile_for_arch",
+    "parse_ptxas_log",
+    "NVRTC_OPTIONS",
+]
+
+log = logging.getLogger("cupy_flashattn")
+
+HEAD_DIM_BUCKETS = (32, 64, 96, 128, 160, 192, 256)
+DTYPES = ("f16", "bf16")
+NVRTC_OPTIONS = ("--std=c++17",)
+
+# The flat kernel arguments, in fa::FwdParams field order: (C type, name).  launch.py packs
+# its values in exactly this order with matching NumPy scalar types.
+PARAMS = (
+    ("const fa::u16*", "q"),
+    ("const fa::u16*", "k"),
+    ("const fa::u16*", "v"),
+    ("fa::u16*", "o"),
+    ("float*", "lse"),
+    ("const int*", "cu_seqlens_q"),
+    ("const int*", "cu_seqlens_k"),
+    ("const int*", "seqused_k"),
+    ("const int*", "cache_batch_idx"),
+    ("const int*", "leftpad_k"),
+    ("const int*", "block_table"),
+    ("const float*", "alibi_slopes"),
+    ("long long", "q_row_stride"),
+    ("long long", "q_head_stride"),
+    ("long long", "k_row_stride"),
+    ("long long", "k_head_stride"),
+    ("long long", "k_page_stride"),
+    ("long long", "o_row_stride"),
+    ("long long", "o_head_stride"),
+    ("long long", "lse_head_stride"),
+    ("int", "alibi_batch_stride"),
+    ("int", "alibi_head_stride"),
+    ("int", "table_batch_stride"),
+    ("int", "batch"),
+    ("int", "seqlen_q"),
+    ("int", "seqlen_k"),
+    ("int", "total_q"),
+    ("int", "k_rows"),
+    ("int", "num_heads"),
+    ("int", "h_per_kv"),
+    ("int", "head_dim"),
+    ("int", "page_size"),
+    ("int", "max_blocks_per_seq"),
+    ("int", "window_left"),
+    ("int", "window_right"),
+    ("float", "softmax_scale"),
+    ("float", "softcap"),
+)
+
+
+@dataclass(frozen=True, order=True)
+class KernelKey:
+    """One instantiation.
+
+    transform: softcap and/or ALiBi (both switched inside by run-time values, so one kernel
+    serves either or both); paged: K/V through a block table.  Causal and sliding windows
+    are run-time arguments of every kernel (they cost nothing on tiles they do not touch)."""
+
+    dtype: str  # "f16" | "bf16"
+    head_dim: int  # bucket, one of HEAD_DIM_BUCKETS
+    transform: bool = False
+    paged: bool = False
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"KernelKey.dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.head_dim not in HEAD_DIM_BUCKETS:
+            raise ValueError(
+                f"KernelKey.head_dim must be one of {HEAD_DIM_BUCKETS}, got {self.head_dim!r}"
+            )
+
+    @property
+    def name(self) -> str:
+        flags = [f for f in ("transform", "paged") if getattr(self, f)]
+        return "_".join(["fa_fwd", self.dtype, f"d{self.head_dim}", *flags])
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Traits:
+    """Launch-relevant numbers of ``fa::FwdTraits<D>`` (parsed from kernel_traits.cuh)."""
+
+    head_dim: int
+    block_m: int
+    block_n: int
+    num_warps: int
+    min_blocks_per_sm: int
+    stages: int = 2
+
+    @property
+    def num_threads(self) -> int:
+        return 32 * self.num_warps
+
+    @property
+    def smem_bytes(self) -> int:  # same formula as FwdTraitsBase::kSmemBytes
+        row = 2 * self.head_dim
+        return self.block_m * row + 2 * self.stages * self.block_n * row + self.stages * self.block_n
+
+    @property
+    def register_budget(self) -> int:
+        """Registers per thread that still allow ``min_blocks_per_sm`` CTAs on a 64K-register SM."""
+        per_thread = 65536 // (self.num_threads * self.min_blocks_per_sm)
+        return min(255, per_thread // 8 * 8)
+
+
+_TRAIT_RE = re.compile(
+    r"template\s*<>\s*struct\s+FwdTraits<(\d+)>\s*:\s*FwdTraitsBase<\s*(\d+)\s*,\s*(\d+)\s*,"
+    r"\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*>"
+)
+
+
+@functools.cache
+def _trait_table() -> dict:
+    text = (cuda_source_dir() / "kernel_traits.cuh").read_text()
+    table = {}
+    for m in _TRAIT_RE.finditer(text):
+        d, d2, bm, bn, nw, minb = map(int, m.groups())
+        assert d == d2, f"kernel_traits.cuh: FwdTraits<{d}> derives from FwdTraitsBase<{d2}, ...>"
+        table[d] = Traits(d, bm, bn, nw, minb)
+    missing = set(HEAD_DIM_BUCKETS) - set(table)
+    if missing:
+        raise RuntimeError(f"kernel_traits.cuh has no FwdTraits for head dims {sorted(missing)}")
+    return table
+
+
+def traits(head_dim_bucket: int) -> Traits:
+    return _trait_table()[head_dim_bucket]
+
+
+def shipped_keys() -> list:
+    """Every instantiation the launcher may select (what CI compiles)."""
+    return [
+        KernelKey(dt, d, tf, pg)
+        for dt, d, tf, pg in itertools.product(DTYPES, HEAD_DIM_BUCKETS, (False, True), (False, True))
+    ]
+
+
+def _wrapper(key: KernelKey) -> str:
+    t = traits(key.head_dim)
+    args = ",\n    ".join(f"{ctype} {name}" for ctype, name in PARAMS)
+    assigns = "\n".join(f"  p.{name} = {name};" for _, name in PARAMS)
+    elem = "fa::Bf16" if key.dtype == "bf16" else "fa::F16"
+    b = lambda x: "true" if x else "false"  # noqa: E731
+    return f"""
+extern "C" __global__ void __launch_bounds__({t.num_threads}, {t.min_blocks_per_sm}) {key.name}(
+    {args}) {{
+  fa::FwdParams p;
+{assigns}
+  fa::flash_fwd<fa::FwdTraits<{key.head_dim}>, {elem}, {b(key.transform)}, {b(key.paged)}>(p);
+}}
+"""
+
+
+def kernel_source(keys: Union[KernelKey, Iterable[KernelKey]]) -> str:
+    """Translation unit: flash_fwd.cu with headers inlined, plus one entry point per key."""
+    if isinstance(keys, KernelKey):
+        keys = [keys]
+    return build_source("flash_fwd.cu") + '#line 1 "<generated entry points>"\n' + "".join(
+        _wrapper(k) for k in keys
+    )
+
+
+@functools.cache
+def get_kernel(key: KernelKey):
+    """The ``cupy.RawKernel`` of one instantiation, compiled on first use (cached)."""
+    import cupy
+
+    log.info("compiling %s (first use)", key.name)
+    module = cupy.RawModule(code=kernel_source(key), options=NVRTC_OPTIONS)
+    kern = module.get_function(key.name)
+    smem = traits(key.head_dim).smem_bytes
+    if smem > 48 * 1024:
+        kern.max_dynamic_shared_size_bytes = smem
+    return kern
+
+
+def precompile(
+    dtypes: Sequence[str] = DTYPES,
+    head_dims: Sequence[int] = HEAD_DIM_BUCKETS,
+    features: Sequence[dict] = ({},),
+) -> list:
+    """Compile (and load) a chosen set of kernels ahead of time; returns their names.
+
+    dtypes: "f16"/"bf16" (or NumPy dtypes: float16, bfloat16, float32 -> bf16);
+    head_dims: any head dims (mapped to their bucket); features: dicts of KernelKey flags, e.g.
+    ``({}, {"paged": True}, {"transform": True})``.
+    """
+    names = []
+    for dt, d, f in itertools.product(dtypes, head_dims, features):
+        key = KernelKey(_dtype_tag(dt), bucket_for(d), **f)
+        get_kernel(key)
+        names.append(key.name)
+    return names
+
+
+def _dtype_tag(dt) -> str:
+    if dt in DTYPES:
+        return dt
+    import numpy as np
+
+    name = np.dtype(dt).name
+    return {"float16": "f16", "bfloat16": "bf16", "float32": "bf16"}[name]
+
+
+def bucket_for(head_dim: int) -> int:
+    """Smallest bucket holding head_dim rounded up to a multiple of 8."""
+    d8 = -(-int(head_dim) // 8) * 8
+    for b in HEAD_DIM_BUCKETS:
+        if d8 <= b:
+            return b
+    raise ValueError(f"head_dim {head_dim} exceeds the largest bucket {HEAD_DIM_BUCKETS[-1]}")
+
+
+def compile_for_arch(
+    keys: Union[KernelKey, Sequence[KernelKey], str], arch: Union[int, str], verbose: bool = True
+):
+    """Compile keys (or raw source text) for ``sm_<arch>`` with NVRTC -- no GPU needed.
+
+    Returns ``(cubin bytes, log)``; with verbose the log holds ``-Xptxas=-v`` output."""
+    from cupy.cuda import nvrtc
+
+    src = keys if isinstance(keys, str) else kernel_source(keys)
+    arch = str(arch).replace("sm_", "")
+    opts = [f"--gpu-architecture=sm_{arch}", *NVRTC_OPTIONS]
+    if verbose:
+        opts.append("-Xptxas=-v")
+    prog = nvrtc.createProgram(src, "flash_fwd.cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, opts)
+        except nvrtc.NVRTCError as e:
+            raise RuntimeError(f"NVRTC failed for sm_{arch}:\n{nvrtc.getProgramLog(prog)}") from e
+        return nvrtc.getCUBIN(prog), nvrtc.getProgramLog(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+_FUNC_RE = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
+_SPILL_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_REG_RE = re.compile(r"Used (\d+) registers")
+
+
+def parse_ptxas_log(text: str) -> dict:
+    """``{entry: {"registers", "stack", "spill_stores", "spill_loads", "arch"}}`` from ptxas -v."""
+    out, cur = {}, None
+    for line in text.splitlines():
+        m = _FUNC_RE.search(line)
+        if m:
+            cur = m.group(1)
+            out[cur] = {"arch": m.group(2)}
+            continue
+        if cur is None:
+            continue
+        m = _SPILL_RE.search(line)
+        if m:
+            out[cur].update(stack=int(m.group(1)), spill_stores=int(m.group(2)),
+                            spill_loads=int(m.group(3)))
+        m = _REG_RE.search(line)
+        if m:
+            out[cur]["registers"] = int(m.group(1))
+    return out
