@@ -576,8 +576,8 @@ def flash_attn_with_kvcache(
         window_right=right,
         softcap=float(softcap),
         alibi_slopes=_alibi(alibi_slopes, xp, B, H),
+        num_splits=int(num_splits),
     )
-    problem.num_splits = int(num_splits)
     _run(xp, problem)
     result = out_user if out_user is not None else out_tokens.reshape(q.shape)
     if return_softmax_lse:

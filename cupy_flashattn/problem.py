@@ -81,6 +81,9 @@ class AttentionProblem:
     softcap: float = 0.0
     alibi_slopes: Optional[Any] = None  # float32 (B, H) (api broadcasts (H,) to (B, H))
 
+    # -- scheduling hints --------------------------------------------------------------------
+    num_splits: int = 0  # split-KV factor for decode (0 = the backend chooses)
+
     @property
     def paged(self) -> bool:
         return self.block_table is not None
