@@ -43,9 +43,15 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b):
         ``(out, lse)``: ``out`` in out_a's shape and dtype, ``lse`` in lse_a's shape, float32
         (float64 when any input is float64, which is also the compute precision then;
         otherwise the merge is computed in float32).  Rows empty in both parts give 0 and +inf.
-        Works on NumPy and CuPy arrays (CuPy: a handful of elementwise kernels, no host sync).
+        Works on NumPy and CuPy arrays (CuPy: one kernel, the split-KV combine kernel of
+        ``cuda_src/flash_decode.cu``, for float16/bfloat16/float32 outputs with float32 LSEs;
+        a handful of elementwise kernels otherwise; never a host sync).
     """
     xp = _check(out_a, lse_a, out_b, lse_b)
+    if xp is not np:
+        fast = _merge_cuda(out_a, lse_a, out_b, lse_b)
+        if fast is not None:
+            return fast
     wide = any(np.dtype(a.dtype) == np.float64 for a in (out_a, lse_a, out_b, lse_b))
     ct = np.float64 if wide else np.float32
 
@@ -64,6 +70,15 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b):
         scale_b > 0, scale_b * out_b.astype(ct), ct(0)
     )
     return out.astype(out_a.dtype), lse.astype(np.float64 if wide else np.float32)
+
+
+def _merge_cuda(out_a, lse_a, out_b, lse_b):
+    """The CUDA combine kernel, or None when it does not cover these dtypes / no GPU kernel."""
+    try:
+        from ._cuda.decode import merge_states
+    except ImportError:  # pragma: no cover - CuPy arrays without the CUDA backend
+        return None
+    return merge_states(out_a, lse_a, out_b, lse_b)
 
 
 def _finite_or_neg_inf(xp, lse, ct):

@@ -21,7 +21,10 @@ import numpy as np
 from ._arrays import BFLOAT16, array_module, dtype_name
 from .errors import BlockTableError, DeviceError, DTypeError, SeqlenError, ShapeError, explain
 
-__all__ = ["append_kv_contiguous", "append_kv_paged", "apply_rotary"]
+__all__ = ["append_kv_contiguous", "append_kv_paged", "apply_rotary", "rotate_and_append"]
+
+# dtypes the fused CUDA kernel (cuda_src/kv_cache.cu) handles; others take the generic xp path.
+_KERNEL_DATA = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))
 
 _FLOAT_DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32), np.dtype(np.float64))
 
@@ -53,6 +56,14 @@ def apply_rotary(x, cos, sin, positions, interleaved=False):
     """
     xp = _same_library(x=x, cos=cos, sin=sin, positions=positions)
     half = _check_rotary(x, cos, sin, positions)
+    if xp is not np and np.dtype(x.dtype) in _KERNEL_DATA:
+        # One fused kernel (kv_cache.cu), bit-identical to the code below.
+        from ._cuda.decode import rope_append
+
+        src = x if x.strides[-1] == x.itemsize else xp.ascontiguousarray(x)
+        out = xp.empty(x.shape, dtype=x.dtype)
+        rope_append(src, out, mode=0, cos=cos, sin=sin, interleaved=interleaved, positions=positions)
+        return out
     ct = np.float64 if np.dtype(x.dtype) == np.float64 else np.float32
     c, s = _rotary_rows(xp, cos, sin, positions, ct)  # (B, S, 1, half)
 
@@ -146,6 +157,12 @@ def append_kv_contiguous(k_cache, v_cache, k_new, v_new, cache_seqlens, cache_ba
     xp = _check_append(k_cache, v_cache, k_new, v_new, cache_seqlens, "k_cache", "v_cache")
     B, S_new = int(k_new.shape[0]), int(k_new.shape[1])
     B_cache, S_cache = int(k_cache.shape[0]), int(k_cache.shape[1])
+    if xp is not np and cache_batch_idx is not None:
+        _same_library(k_cache=k_cache, cache_batch_idx=cache_batch_idx)
+        _index("cache_batch_idx", cache_batch_idx, (B,), f"(B,) = ({B},), one row per sequence")
+    if xp is not np and _kernel_append(xp, k_cache, v_cache, k_new, v_new, cache_seqlens, 1,
+                                       batch_idx=cache_batch_idx):
+        return
     if cache_batch_idx is None:
         rows = xp.arange(B, dtype=np.int64)
     else:
@@ -194,6 +211,9 @@ def append_kv_paged(k_pages, v_pages, block_table, k_new, v_new, cache_seqlens):
             "pass the block table of the sequences being appended (PagedKVCache.block_table(ids))",
         )
     width = int(block_table.shape[1])
+    if xp is not np and _kernel_append(xp, k_pages, v_pages, k_new, v_new, cache_seqlens, 2,
+                                       table=block_table, page_size=P):
+        return
     pos = cache_seqlens.astype(np.int64)[:, None] + xp.arange(S_new, dtype=np.int64)[None, :]
     col = pos // P  # floor division, so a negative position gets a negative column
     pos_ok = (pos >= 0) & (col < width)
@@ -207,6 +227,81 @@ def append_kv_paged(k_pages, v_pages, block_table, k_new, v_new, cache_seqlens):
     slots = pos % P
     _scatter(xp, k_pages, pages, slots, pos_ok & page_ok, k_new)
     _scatter(xp, v_pages, pages, slots, pos_ok & page_ok, v_new)
+
+
+def _int32(xp, a):
+    return a if a is None or (np.dtype(a.dtype) == np.int32 and a.strides[-1] == 4) else xp.ascontiguousarray(a.astype(np.int32))
+
+
+def _kernel_append(xp, k_cache, v_cache, k_new, v_new, seqlens, mode, *, batch_idx=None,
+                   table=None, page_size=0, cos=None, sin=None, interleaved=False) -> bool:
+    """Append (and rotate k) with the fused CUDA kernel (kv_cache.cu); False when it does not
+    apply (dtype, layouts), so the caller falls back to the generic scatter."""
+    if int(k_new.shape[1]) == 0 or int(k_new.shape[0]) == 0:
+        return True
+    if np.dtype(k_cache.dtype) not in _KERNEL_DATA or np.dtype(v_cache.dtype) != np.dtype(k_cache.dtype):
+        return False
+    if k_cache.shape != v_cache.shape or k_cache.strides != v_cache.strides:
+        return False
+    if any(a.strides[-1] != a.itemsize for a in (k_cache, v_cache, k_new, v_new)):
+        return False
+    from ._cuda.decode import rope_append
+
+    rope_append(k_new, k_cache, src2=v_new, dst2=v_cache, mode=mode, seqlens=_int32(xp, seqlens),
+                batch_idx=_int32(xp, batch_idx), table=_int32(xp, table), page_size=page_size,
+                cos=cos, sin=sin, interleaved=interleaved, pos_per_token=True)
+    return True
+
+
+def rotate_and_append(q, k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=None, sin=None,
+                      interleaved=False, q_per_token=True, cache_batch_idx=None, block_table=None):
+    """flash_attn_with_kvcache's pre-attention step on CuPy in two kernel launches, no host sync:
+    rotate q (positions ``cache_seqlens[b] + i`` when ``q_per_token``, else ``cache_seqlens[b]``)
+    and, in one pass, rotate the new k at ``cache_seqlens[b] + i`` while writing it and v into the
+    contiguous (``cache_batch_idx``) or paged (``block_table``) cache.  Returns the rotated q (q
+    itself without tables).  Same values, bit for bit, as apply_rotary + append_kv_*; falls back
+    to them where the kernel does not apply."""
+    xp = array_module(q)
+    paged = block_table is not None
+    fused = (
+        xp is not np
+        and np.dtype(q.dtype) in _KERNEL_DATA
+        and (cos is None or np.dtype(cos.dtype) in _KERNEL_DATA + (np.dtype(np.float64),))
+    )
+    if not fused:
+        if cos is not None:
+            base = cache_seqlens.astype(np.int32)[:, None]
+            k_pos = base + xp.arange(int(k_new.shape[1]), dtype=np.int32)[None, :]
+            q_pos = base + xp.arange(int(q.shape[1]), dtype=np.int32)[None, :] if q_per_token else \
+                xp.broadcast_to(base, tuple(q.shape[:2]))
+            q, k_new = apply_rotary(q, cos, sin, q_pos, interleaved), apply_rotary(k_new, cos, sin, k_pos, interleaved)
+        if paged:
+            append_kv_paged(k_cache, v_cache, block_table, k_new, v_new, cache_seqlens)
+        else:
+            append_kv_contiguous(k_cache, v_cache, k_new, v_new, cache_seqlens, cache_batch_idx)
+        return q
+    from ._cuda.decode import rope_append
+
+    seqlens = _int32(xp, cache_seqlens)
+    if cos is not None:
+        src = q if q.strides[-1] == q.itemsize else xp.ascontiguousarray(q)
+        q_rot = xp.empty(q.shape, dtype=q.dtype)
+        rope_append(src, q_rot, mode=0, seqlens=seqlens, cos=cos, sin=sin, interleaved=interleaved,
+                    pos_per_token=q_per_token)
+        q = q_rot
+    P = int(k_cache.shape[1]) if paged else 0
+    if not _kernel_append(xp, k_cache, v_cache, k_new, v_new, seqlens, 2 if paged else 1,
+                          batch_idx=cache_batch_idx, table=block_table, page_size=P,
+                          cos=cos, sin=sin, interleaved=interleaved):
+        if cos is not None:
+            base = seqlens[:, None]
+            k_pos = base + xp.arange(int(k_new.shape[1]), dtype=np.int32)[None, :]
+            k_new = apply_rotary(k_new, cos, sin, k_pos, interleaved)
+        if paged:
+            append_kv_paged(k_cache, v_cache, block_table, k_new, v_new, seqlens)
+        else:
+            append_kv_contiguous(k_cache, v_cache, k_new, v_new, seqlens, cache_batch_idx)
+    return q
 
 
 def _check_append(k_cache, v_cache, k_new, v_new, cache_seqlens, k_name, v_name):

@@ -1,0 +1,424 @@
+// flash_decode.cu -- split-KV decode attention (flash-decoding) with GQA packing, and the
+// combine kernel that merges split partials (also serves merge_attention_states).
+//
+// Decode is memory-bound: per kv head, all H / Hk query heads that share it (and all of the
+// sequence's few query tokens) are the rows of ONE tile, so each K/V byte is read once per kv
+// head instead of once per query head.  Packed row r of a CTA -> query token i = r / g and query
+// head hk * g + r % g (g = H / Hk).  kDecodeRows = 16 rows per CTA (one mma m16 tile); more
+// packed rows go to further m-blocks (blockIdx.x), which re-read K/V mostly from L2.
+//
+// Grid (num_splits * m_blocks, Hk, B); 4 warps.  The split's 16-key tiles are dealt round-robin
+// to the warps; each warp streams ITS tiles through its own cp.async ring of kStages slots
+// (no CTA barrier in the main loop: only __syncwarp), keeps its own online-softmax state
+// (m, l, O), and the 4 states are merged through shared memory at the end.
+//
+// Per 16-key tile and warp:  S(16x16) = Q(16xD) K^T (mma m16n8k16, packed rows as M; padding
+// rows masked), online softmax in log2 units, O(16xD) += P V with P kept in registers.
+//
+// Outputs: num_splits == 1 -> out (16-bit) + lse (H, total_q) directly (a row with no visible
+// key: out 0, lse +inf).  num_splits > 1 -> float32 partial O (normalized) into
+// oaccum (num_splits, total_q, H, D) and lse_accum (num_splits, H, total_q); an empty split
+// writes lse -inf and no O (the combine kernel never reads the O of a -inf split).
+//
+// Masks, softcap, ALiBi and paged addressing are run-time switches (uniform branches): the
+// kernel waits on memory, and one instantiation per (dtype, head-dim bucket) keeps CI's compile
+// time small.
+#include "block_info.cuh"
+
+namespace fa {
+
+constexpr int kDecodeWarps = 4;
+constexpr int kDecodeThreads = 32 * kDecodeWarps;
+constexpr int kDecodeRows = 16;   // packed (query, head) rows per CTA
+constexpr int kDecodeTileN = 16;  // keys per warp tile
+
+struct DecodeParams {
+  FwdParams f;            // the prefill kernel's parameters, same meaning
+  float* oaccum;          // (num_splits, total_q, H, head_dim) float32, split mode only
+  float* lse_accum;       // (num_splits, H, total_q) float32, split mode only
+  int num_splits;
+  int m_blocks;           // ceil(max_seqlen_q * g / kDecodeRows)
+  int paged;              // run-time: K/V through the block table
+};
+
+// Decode traits per head-dim bucket: kStages ring slots per warp.  Shared memory per CTA is
+// Q (16 rows) + 4 warps x kStages x (K + V tiles of 16 rows), rows padded by 16 bytes so that
+// the 8 row addresses of one ldmatrix phase fall in 8 different bank groups.
+// Little's law: ~4.8 TB/s x ~1.5 us / 132 SMs ~ 55 KB in flight per SM are needed; every
+// configuration below keeps >= 100 KB in flight per SM.
+template <int kD> struct DecodeTraits;
+template <> struct DecodeTraits<64>  { static constexpr int kStages = 4, kMinBlocks = 3; };  // 78 KB/CTA
+template <> struct DecodeTraits<128> { static constexpr int kStages = 3, kMinBlocks = 2; };  // 109 KB/CTA
+template <> struct DecodeTraits<256> { static constexpr int kStages = 3, kMinBlocks = 1; };  // 211 KB/CTA
+
+template <int kD>
+struct DecodeSmem {
+  static constexpr int kRowBytes = (kD + 8) * 2;
+  static constexpr int kTileBytes = kDecodeTileN * kRowBytes;
+  static constexpr int kQBytes = kDecodeRows * kRowBytes;
+  static constexpr int kStageBytes = 2 * kTileBytes;  // K then V
+  static constexpr int kWarpBytes = DecodeTraits<kD>::kStages * kStageBytes;
+  static constexpr int kMergeRow = kD + 8;  // floats per row of the cross-warp merge buffer
+  static constexpr int kMergeBytes = kDecodeWarps * kDecodeRows * kMergeRow * 4;
+  static constexpr int kRingBytes = kDecodeWarps * kWarpBytes;
+  static constexpr int kBytes = kQBytes + (kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes);
+};
+
+__device__ __forceinline__ u32 lane_id() { return threadIdx.x & 31; }
+
+template <int kD, typename Elem>
+__device__ void flash_decode(const DecodeParams& dp) {
+  using Sm = DecodeSmem<kD>;
+  constexpr int kStages = DecodeTraits<kD>::kStages;
+  constexpr int kChunks = kD / 8;  // 16-byte chunks per row (bucket width)
+  const FwdParams& p = dp.f;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float s_m[kDecodeWarps][kDecodeRows], s_l[kDecodeWarps][kDecodeRows];
+  __shared__ float s_rowm[kDecodeRows], s_rowl[kDecodeRows];
+
+  const int tidx = threadIdx.x, warp = tidx / 32, lane = tidx & 31;
+  const int split = blockIdx.x % dp.num_splits, m_block = blockIdx.x / dp.num_splits;
+  const int hk = blockIdx.y, bidb = blockIdx.z;
+  const int g = p.h_per_kv, hd = p.head_dim;
+
+  int q_start, len_q, k_start, len_k;
+  const int* table;
+  if (dp.paged) {
+    BlockInfo<true> bi(p, bidb);
+    q_start = bi.q_start; len_q = bi.len_q; k_start = bi.k_start; len_k = bi.len_k; table = bi.table;
+  } else {
+    BlockInfo<false> bi(p, bidb);
+    q_start = bi.q_start; len_q = bi.len_q; k_start = bi.k_start; len_k = bi.len_k; table = nullptr;
+  }
+  const int rows_total = len_q * g;
+  const int row0 = m_block * kDecodeRows;
+  if (row0 >= rows_total) return;  // no rows here (combine reads only rows of real queries)
+  const int shift = len_k - len_q;
+
+  // Key range any row of this CTA can see (bottom-right aligned window), intersected with this
+  // split's share of the sequence's 16-key tiles.
+  const int i_lo = row0 / g, i_hi = (imin(row0 + kDecodeRows, rows_total) - 1) / g;
+  int k_lo = 0, k_hi = len_k;
+  if (p.window_left >= 0) k_lo = imax(0, (int)lmin(lmax((i64)i_lo + shift - p.window_left, 0), len_k));
+  if (p.window_right >= 0) k_hi = (int)lmax(0, lmin((i64)i_hi + shift + p.window_right + 1, len_k));
+  const int n_tiles = ceil_div(len_k, kDecodeTileN);
+  const int per_split = ceil_div(n_tiles, dp.num_splits);
+  const int t_begin = imax(split * per_split, k_lo / kDecodeTileN);
+  const int t_end = imin(imin(n_tiles, (split + 1) * per_split), ceil_div(k_hi, kDecodeTileN));
+  // Tiles of this warp: t_begin + warp + j * 4, j < n_mine.
+  const int n_mine = t_end - t_begin > warp ? ceil_div(t_end - t_begin - warp, kDecodeWarps) : 0;
+
+  const i64 kv_head_off = (i64)hk * p.k_head_stride;
+  const u32 q_smem = smem_u32(smem);
+  const u32 ring = q_smem + Sm::kQBytes + warp * Sm::kWarpBytes;
+
+  // ---- Prologue 1: Q rows (packed) -> smem, zero-filled past the rows / head dim. ----------
+  for (int idx = tidx; idx < kDecodeRows * kChunks; idx += kDecodeThreads) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    const int pr = row0 + r;
+    const bool ok = pr < rows_total && c * 8 < hd;
+    const u16* src = p.q;
+    if (ok) src = p.q + (i64)(q_start + pr / g) * p.q_row_stride + (i64)(hk * g + pr % g) * p.q_head_stride + c * 8;
+    cp_async_16(q_smem + r * Sm::kRowBytes + c * 16, src, ok);
+  }
+  cp_async_commit();
+
+  // Row offset (element offset of head 0 of key row) of key `pos`, or -1 when absent.
+  // Lane l (and l + 16) resolves key t * 16 + (l % 16) of a tile; the others get it by shuffle.
+  auto row_offset = [&](int t) -> i64 {
+    const int pos = t * kDecodeTileN + (lane & 15);
+    if (t >= t_end || pos >= len_k) return -1;
+    if (!dp.paged) return (i64)(k_start + pos) * p.k_row_stride;
+    const int page = table[pos / p.page_size];
+    if ((unsigned)page >= (unsigned)p.k_rows) return -1;
+    return (i64)page * p.k_page_stride + (i64)(pos % p.page_size) * p.k_row_stride;
+  };
+  // Issue the cp.async copies of the warp's j-th tile (key offsets `off`) into ring slot `slot`.
+  auto issue = [&](int slot, i64 off) {
+    const u32 kdst = ring + slot * Sm::kStageBytes, vdst = kdst + Sm::kTileBytes;
+#pragma unroll
+    for (int i = 0; i < kChunks / 2; ++i) {
+      const int idx = lane + 32 * i, r = idx / kChunks, c = idx % kChunks;
+      const i64 o = __shfl_sync(0xffffffffu, off, r);
+      const bool ok = o >= 0 && c * 8 < hd;
+      const i64 e = ok ? o + kv_head_off + c * 8 : 0;
+      cp_async_16(kdst + r * Sm::kRowBytes + c * 16, p.k + e, ok);
+      cp_async_16(vdst + r * Sm::kRowBytes + c * 16, p.v + e, ok);
+    }
+  };
+  auto tile_of = [&](int j) { return t_begin + warp + j * kDecodeWarps; };
+
+  // ---- Prologue 2: the first kStages - 1 tiles of this warp in flight. ---------------------
+#pragma unroll
+  for (int j = 0; j < kStages - 1; ++j) {
+    if (j < n_mine) issue(j, row_offset(tile_of(j)));
+    cp_async_commit();  // always commit: group counting stays uniform
+  }
+  i64 next_off = row_offset(tile_of(kStages - 1));  // page ids one issue ahead
+
+  // Per-lane rows: A = lane / 4, B = A + 8 (the two rows of an mma accumulator).
+  const int ra = lane >> 2, tq = lane & 3;
+  int qi[2], lo[2], hi[2];
+  float slope[2];
+  bool row_ok[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int pr = row0 + ra + 8 * h;
+    row_ok[h] = pr < rows_total;
+    qi[h] = pr / g;
+    const i64 diag = (i64)qi[h] + shift;
+    lo[h] = p.window_left >= 0 ? (int)lmax(diag - p.window_left, -1) : -1;
+    hi[h] = p.window_right >= 0 ? (int)lmin(diag + p.window_right, (i64)1 << 30) : (1 << 30);
+    if (!row_ok[h]) hi[h] = -2;  // padding row: sees nothing
+    slope[h] = 0.f;
+    if (p.alibi_slopes != nullptr && row_ok[h])
+      slope[h] = p.alibi_slopes[(i64)bidb * p.alibi_batch_stride + (i64)(hk * g + pr % g) * p.alibi_head_stride] * kLog2e;
+  }
+  const bool has_softcap = p.softcap > 0.f;
+  const bool has_alibi = p.alibi_slopes != nullptr;
+  const float scale_log2 = p.softmax_scale * kLog2e;
+  const float cap_log2 = p.softcap * kLog2e, inv_cap_scale = p.softmax_scale / (p.softcap > 0.f ? p.softcap : 1.f);
+
+  float o[kD / 8][4];
+#pragma unroll
+  for (int n = 0; n < kD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m_run[2] = {neg_inf(), neg_inf()}, l_run[2] = {0.f, 0.f};
+
+  // Q is shared by all warps: wait for its group (the oldest) and publish it.
+  cp_async_wait<kStages - 1>();
+  __syncthreads();
+
+  // ---- Main loop over this warp's tiles. ---------------------------------------------------
+  for (int j = 0; j < n_mine; ++j) {
+    // Refill the slot freed by tile j - 1 with tile j + kStages - 1 (its offsets were fetched
+    // one iteration ago), then fetch the next page ids while tile j computes.
+    if (j + kStages - 1 < n_mine) issue((j + kStages - 1) % kStages, next_off);
+    cp_async_commit();
+    next_off = row_offset(tile_of(j + kStages));
+    cp_async_wait<kStages - 1>();  // tile j has landed (this lane's copies) ...
+    __syncwarp();                  // ... and every lane's copies are visible to the warp
+    const u32 ks = ring + (j % kStages) * Sm::kStageBytes, vs = ks + Sm::kTileBytes;
+    const int t = tile_of(j);
+
+    // S = Q K^T (16 rows x 16 keys); k-steps past the head dim are skipped (uniform branch).
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    const u32 lrow = (lane & 15) * Sm::kRowBytes + (lane >> 4) * 16;
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      if (kk * 16 < hd) {
+        u32 qa[4], kb[4];
+        ldmatrix_x4(qa, q_smem + lrow + kk * 32);
+        ldmatrix_x4(kb, ks + lrow + kk * 32);
+        Elem::mma(s[0], qa, kb[0], kb[2]);  // keys 0-7
+        Elem::mma(s[1], qa, kb[1], kb[3]);  // keys 8-15
+      }
+    }
+
+    // Logits in log2 units, masks (per row: its own query index), online softmax.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float x[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int pos = t * kDecodeTileN + (e >> 1) * 8 + 2 * tq + (e & 1);
+        float v = s[e >> 1][2 * h + (e & 1)];
+        if (has_softcap) v = cap_log2 * tanh_accurate(v * inv_cap_scale);
+        else v *= scale_log2;
+        if (has_alibi) v -= slope[h] * fabsf((float)(qi[h] + shift - pos));
+        const bool vis = pos < len_k && pos >= lo[h] && pos <= hi[h];
+        x[e] = vis ? v : neg_inf();
+      }
+      const float mx = quad_max(fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3])));
+      const float m_new = fmaxf(m_run[h], mx);
+      // A row that has seen no key yet keeps m = -inf: use 0 as the shift so that
+      // exp2(-inf - 0) = 0 instead of exp2(-inf - -inf) = NaN.
+      const float m_use = m_new == neg_inf() ? 0.f : m_new;
+      const float alpha = exp2_approx(m_run[h] - m_use);
+      m_run[h] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        x[e] = exp2_approx(x[e] - m_use);
+        sum += x[e];
+      }
+      l_run[h] = l_run[h] * alpha + sum;
+#pragma unroll
+      for (int n = 0; n < kD / 8; ++n) {
+        o[n][2 * h] *= alpha;
+        o[n][2 * h + 1] *= alpha;
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[e >> 1][2 * h + (e & 1)] = x[e];
+    }
+
+    // O += P V: the S accumulators of keys 0-7 / 8-15 are the A fragment of P (16 x 16).
+    u32 pa[4];
+    pa[0] = Elem::pack(s[0][0], s[0][1]);
+    pa[1] = Elem::pack(s[0][2], s[0][3]);
+    pa[2] = Elem::pack(s[1][0], s[1][1]);
+    pa[3] = Elem::pack(s[1][2], s[1][3]);
+#pragma unroll
+    for (int dd = 0; dd < kD / 16; ++dd) {
+      if (dd * 16 < hd) {
+        u32 vb[4];
+        ldmatrix_x4_trans(vb, vs + lrow + dd * 32);
+        Elem::mma(o[2 * dd], pa, vb[0], vb[1]);
+        Elem::mma(o[2 * dd + 1], pa, vb[2], vb[3]);
+      }
+    }
+    __syncwarp();  // every lane is done reading this slot before it is refilled
+  }
+
+  // ---- Epilogue: merge the 4 warps' states through shared memory. -------------------------
+  cp_async_wait<0>();
+  __syncthreads();  // the rings are reused as the merge buffer
+  float* merge = reinterpret_cast<float*>(smem + Sm::kQBytes);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_run[h] = quad_sum(l_run[h]);
+    if (tq == 0) {
+      s_m[warp][ra + 8 * h] = m_run[h];
+      s_l[warp][ra + 8 * h] = l_run[h];
+    }
+  }
+  __syncthreads();
+  float row_m[2], row_l[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = ra + 8 * h;
+    float mm = neg_inf();
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) mm = fmaxf(mm, s_m[w][r]);
+    const float m_use = mm == neg_inf() ? 0.f : mm;
+    float ll = 0.f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) ll += s_l[w][r] * exp2_approx(s_m[w][r] - m_use);
+    row_m[h] = mm;
+    row_l[h] = ll;
+    const float f = exp2_approx(m_run[h] - m_use);  // this warp's weight
+    float* dst = merge + ((warp * kDecodeRows) + r) * Sm::kMergeRow + 2 * tq;
+#pragma unroll
+    for (int n = 0; n < kD / 8; ++n) {
+      dst[n * 8] = o[n][2 * h] * f;
+      dst[n * 8 + 1] = o[n][2 * h + 1] * f;
+    }
+  }
+  if (warp == 0 && tq == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      s_rowm[ra + 8 * h] = row_m[h];
+      s_rowl[ra + 8 * h] = row_l[h];
+    }
+  }
+  __syncthreads();
+
+  // Sum the scaled warp partials, normalize, store (4 columns per thread per step).
+  constexpr int kC4 = kD / 4;
+  const bool split_mode = dp.num_splits > 1;
+  for (int idx = tidx; idx < kDecodeRows * kC4; idx += kDecodeThreads) {
+    const int r = idx / kC4, d = (idx % kC4) * 4;
+    const int pr = row0 + r;
+    if (pr >= rows_total || d >= hd) continue;
+    const int qrow = q_start + pr / g, head = hk * g + pr % g;
+    const float mm = s_rowm[r], ll = s_rowl[r];
+    // ll > 0 iff the row saw a key (the max element contributes exp2(0) = 1).
+    const float inv = ll > 0.f ? 1.f / ll : 0.f;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float* src = merge + (w * kDecodeRows + r) * Sm::kMergeRow + d;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[e] += src[e];
+    }
+    const float lse = ll > 0.f ? (mm + log2_approx(ll)) * kLn2 : (split_mode ? neg_inf() : pos_inf());
+    if (split_mode) {
+      if (ll > 0.f) {  // an empty split writes no O: its lse -inf gives it weight 0
+        float* dst = dp.oaccum + (((i64)split * p.total_q + qrow) * p.num_heads + head) * hd + d;
+        asm volatile("st.global.v4.f32 [%0], {%1,%2,%3,%4};" ::"l"(dst), "f"(acc[0] * inv),
+                     "f"(acc[1] * inv), "f"(acc[2] * inv), "f"(acc[3] * inv) : "memory");
+      }
+      if (d == 0) dp.lse_accum[((i64)split * p.num_heads + head) * p.total_q + qrow] = lse;
+    } else {
+      u16* dst = p.o + (i64)qrow * p.o_row_stride + (i64)head * p.o_head_stride + d;
+      const u32 lo2 = Elem::pack(acc[0] * inv, acc[1] * inv), hi2 = Elem::pack(acc[2] * inv, acc[3] * inv);
+      asm volatile("st.global.v2.b32 [%0], {%1,%2};" ::"l"(dst), "r"(lo2), "r"(hi2) : "memory");
+      if (d == 0) p.lse[(i64)head * p.lse_head_stride + qrow] = lse;
+    }
+  }
+}
+
+// ---- Combine: out = sum_s exp(lse_s - lse) O_s, lse = log sum_s exp(lse_s) --------------------
+// One warp per (row, head).  Partial s of (row, head) lives at
+//   o_in + s * o_split_stride + row * o_row_stride + head * o_head_stride   (elements)
+//   lse_in + s * lse_split_stride + (row / lse_rows) * lse_batch_stride + head * lse_head_stride + row % lse_rows
+// (lse_rows = rows per batch of a dense (B, H, S) LSE; = rows with a varlen (H, total) one).
+// A partial with an infinite LSE (either sign: no visible key) weighs 0 and its O is never read
+// (it may hold anything).  No partial with a key -> out 0, lse +inf.
+// Element types by code: 0 float32, 1 float16, 2 bfloat16.
+struct CombineParams {
+  const void* o_in;
+  const float* lse_in;
+  void* o_out;
+  float* lse_out;
+  i64 o_split_stride, o_row_stride, o_head_stride;
+  i64 lse_split_stride, lse_batch_stride, lse_head_stride;
+  i64 out_row_stride, out_head_stride;
+  i64 lse_out_batch_stride, lse_out_head_stride;
+  int lse_rows;
+  int rows, heads, head_dim, num_splits;
+  int in_type, out_type;
+};
+
+__device__ __forceinline__ float load_elem(const void* base, i64 i, int type) {
+  if (type == 0) return static_cast<const float*>(base)[i];
+  const u16 b = static_cast<const u16*>(base)[i];
+  if (type == 2) return __uint_as_float((u32)b << 16);
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(b));
+  return f;
+}
+__device__ __forceinline__ void store_elem(void* base, i64 i, int type, float v) {
+  if (type == 0) {
+    static_cast<float*>(base)[i] = v;
+    return;
+  }
+  u16 b;
+  if (type == 2) asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(v));
+  else asm("cvt.rn.f16.f32 %0, %1;" : "=h"(b) : "f"(v));
+  static_cast<u16*>(base)[i] = b;
+}
+
+__device__ void combine_states(const CombineParams& c) {
+  const i64 pair = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (pair >= (i64)c.rows * c.heads) return;
+  const int row = (int)(pair / c.heads), head = (int)(pair % c.heads);
+  const i64 lse_off = (i64)(row / c.lse_rows) * c.lse_batch_stride + (i64)head * c.lse_head_stride + row % c.lse_rows;
+  float mx = neg_inf();
+  for (int s = 0; s < c.num_splits; ++s) {
+    const float l = c.lse_in[s * c.lse_split_stride + lse_off];
+    if (l > neg_inf() && l < pos_inf()) mx = fmaxf(mx, l);
+  }
+  float total = 0.f;
+  for (int s = 0; s < c.num_splits; ++s) {
+    const float l = c.lse_in[s * c.lse_split_stride + lse_off];
+    if (l > neg_inf() && l < pos_inf()) total += exp2_approx((l - mx) * kLog2e);
+  }
+  const bool empty = !(total > 0.f);
+  const float lse = empty ? pos_inf() : mx + log2_approx(total) * kLn2;
+  const i64 o_off = (i64)row * c.o_row_stride + (i64)head * c.o_head_stride;
+  const i64 out_off = (i64)row * c.out_row_stride + (i64)head * c.out_head_stride;
+  for (int d = lane; d < c.head_dim; d += 32) {
+    float acc = 0.f;
+    for (int s = 0; s < c.num_splits; ++s) {
+      const float l = c.lse_in[s * c.lse_split_stride + lse_off];
+      if (l > neg_inf() && l < pos_inf())
+        acc += exp2_approx((l - lse) * kLog2e) * load_elem(c.o_in, s * c.o_split_stride + o_off + d, c.in_type);
+    }
+    store_elem(c.o_out, out_off + d, c.out_type, empty ? 0.f : acc);
+  }
+  if (lane == 0)
+    c.lse_out[(i64)(row / c.lse_rows) * c.lse_out_batch_stride + (i64)head * c.lse_out_head_stride + row % c.lse_rows] = lse;
+}
+
+}  // namespace fa

@@ -1,0 +1,87 @@
+"""CI (no GPU needed): every shipped decode-path instantiation -- the split-KV decode kernels
+(flash_decode.cu, one per dtype x head-dim bucket 64/128/256), the combine kernel and the
+rotary/append kernel (kv_cache.cu) -- compiles with NVRTC for sm_80 and sm_90, with 0 bytes of
+spills and within the register budget of its launch bounds.  8 entry points, one NVRTC program
+per (arch, source file): ~5 s per arch on one core."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+cupy = pytest.importorskip("cupy", reason="cupy is not installed: cannot run NVRTC")
+try:
+    from cupy.cuda import nvrtc
+
+    nvrtc.getVersion()
+except Exception as exc:  # pragma: no cover - depends on the environment
+    pytest.skip(f"NVRTC is not usable ({exc!r}); install nvidia-cuda-nvrtc-cu12", allow_module_level=True)
+
+from cupy_flashattn._cuda import compile as cc  # noqa: E402
+from cupy_flashattn._cuda import decode as dc  # noqa: E402
+
+ARCHS = (80, 90)
+KEYS = dc.decode_shipped_keys()
+SMEM_LIMIT = 227 * 1024  # per block, sm_80 (163 KB) is checked separately below
+
+
+@functools.cache
+def _decode_log(arch: int) -> dict:
+    cubin, log = cc.compile_for_arch(dc.decode_source(KEYS, combine=True), arch)
+    assert cubin
+    return cc.parse_ptxas_log(log)
+
+
+@functools.cache
+def _rope_log(arch: int) -> dict:
+    cubin, log = cc.compile_for_arch(dc.rope_source(), arch)
+    assert cubin
+    return cc.parse_ptxas_log(log)
+
+
+def _no_spills(name, info, arch, budget=255):
+    assert info is not None, f"{name}: no ptxas -v record for sm_{arch}"
+    assert info["spill_stores"] == 0 and info["spill_loads"] == 0, (
+        f"{name} sm_{arch}: {info['spill_stores']} B spill stores, {info['spill_loads']} B spill "
+        f"loads (registers {info['registers']})"
+    )
+    assert info["registers"] <= budget, f"{name} sm_{arch}: {info['registers']} registers > {budget}"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("key", KEYS, ids=str)
+def test_decode_kernel_compiles_without_spills(arch, key):
+    _no_spills(key.name, _decode_log(arch).get(key.name), arch, key.register_budget)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_combine_and_rope_compile_without_spills(arch):
+    _no_spills(dc.COMBINE_NAME, _decode_log(arch).get(dc.COMBINE_NAME), arch)
+    _no_spills(dc.ROPE_NAME, _rope_log(arch).get(dc.ROPE_NAME), arch)
+
+
+def test_shared_memory_fits():
+    # sm_90: 227 KB per block; sm_80 (A100): 163 KB per block -- the D = 256 kernel needs sm_90
+    # (or sm_80 with fewer stages; the launcher checks the device limit).
+    for key in KEYS:
+        assert dc.smem_bytes(key.head_dim) <= SMEM_LIMIT, key
+    assert dc.smem_bytes(64) <= 163 * 1024 and dc.smem_bytes(128) <= 163 * 1024
+
+
+def test_decode_names_flat_and_unique():
+    names = [k.name for k in KEYS] + [dc.COMBINE_NAME, dc.ROPE_NAME]
+    assert len(set(names)) == len(names)
+    assert all(n.replace("_", "").isalnum() for n in names)
+
+
+def test_decode_source_inlines_headers():
+    src = dc.decode_source(KEYS)
+    assert '#include "' not in src
+    for name in ("common.cuh", "params.cuh", "block_info.cuh"):
+        assert f'/{name}"' in src
+
+
+def test_packed_params_match_compile_params():
+    """run_decode packs the shared FwdParams arguments in a fixed order: it must be PARAMS'."""
+    assert tuple(n for _, n in cc.PARAMS) == dc.PACKED_PARAMS
