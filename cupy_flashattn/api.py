@@ -44,6 +44,45 @@ from .problem import AttentionProblem
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
 
+_SEMANTICS = """
+    Semantics shared by every entry point:
+        GQA/MQA: ``H % Hk == 0``; query head ``h`` reads kv head ``h // (H // Hk)`` (no copy).
+        Masks are aligned to the bottom-right corner, per sequence: with ``shift = Sk - Sq``,
+        query ``i`` sees key ``j`` iff ``i + shift - left <= j <= i + shift + right``
+        (``window_size=(left, right)``, -1 = unlimited; ``causal=True`` sets ``right = 0``).
+        Sq = 3, Sk = 5, causal::
+
+                      keys 0 1 2 3 4
+            query 0        x x x . .
+            query 1        x x x x .
+            query 2        x x x x x
+
+        Sq = 5, Sk = 3, causal (the first Sq - Sk rows see no key)::
+
+                      keys 0 1 2
+            query 0        . . .      -> output 0, LSE +inf
+            query 1        . . .      -> output 0, LSE +inf
+            query 2        x . .
+            query 3        x x .
+            query 4        x x x
+
+        Logits: ``s = softmax_scale * q.k``; then ``softcap * tanh(s / softcap)`` if softcap > 0;
+        then ``- slope[h] * |i + shift - j|`` with ALiBi (for plain causal calls flash-attn adds
+        ``slope * j`` instead: same output, its LSE differs by a per-row constant).
+        softmax_lse: float32, natural log of the softmax denominator (after the max shift is
+        added back); +inf for a row that sees no key, whose output is exactly 0.
+        Backends: NumPy inputs run on the Numba CPU backend and return NumPy arrays; CuPy inputs
+        (and torch/JAX GPU arrays, adopted zero-copy via DLPack) run the CUDA kernels on CuPy's
+        current stream and return CuPy arrays.  float32 inputs on the GPU are computed with
+        bfloat16 operands (fp32 accumulation and softmax) and returned as float32.
+"""
+
+
+def _with_semantics(fn):
+    fn.__doc__ = (fn.__doc__ or "") + _SEMANTICS
+    return fn
+
+
 def _default_check() -> bool:
     return os.environ.get("CUPY_FLASHATTN_CHECK", "0") not in ("", "0", "false", "False")
 
@@ -137,6 +176,7 @@ def _run(xp, problem: AttentionProblem):
 # -- dense ----------------------------------------------------------------------------------
 
 
+@_with_semantics
 def flash_attn_func(
     q,
     k,
@@ -175,7 +215,11 @@ def flash_attn_func(
 
     Example::
 
-        out = flash_attn_func(q, k, v, causal=True)
+        import cupy as cp, ml_dtypes
+        q = cp.random.standard_normal((2, 1024, 32, 128)).astype(ml_dtypes.bfloat16)
+        k = cp.random.standard_normal((2, 1024, 8, 128)).astype(ml_dtypes.bfloat16)  # GQA 32/8
+        out, lse = flash_attn_func(q, k, k, causal=True, return_softmax_lse=True)
+        # out (2, 1024, 32, 128) bfloat16, lse (2, 32, 1024) float32
     """
     xp, q, k, v = _common_checks(q, k, v, dropout_p, softmax_scale, window_size, softcap)
     validate.rank("q", q, 4, "dense (batch, seqlen_q, nheads, headdim)")
@@ -224,6 +268,7 @@ def _scale(softmax_scale, head_dim):
 # -- varlen and paged -----------------------------------------------------------------------
 
 
+@_with_semantics
 def flash_attn_varlen_func(
     q,
     k,
@@ -265,9 +310,21 @@ def flash_attn_varlen_func(
         page_block_size: optional; when given it must equal ``k.shape[1]`` (it is read from the
             cache otherwise).
         seqused_k: int32 ``(B,)``: use only the first ``seqused_k[b]`` keys of sequence b.
+        seq_ids: with a PagedKVCache as ``k``: which of its sequences, in batch order.
+        alibi_slopes: float32 ``(H,)`` or ``(B, H)``.  out: optional ``(total_q, H, D)`` buffer.
         Other arguments as :func:`flash_attn_func`; the LSE is ``(H, total_q)``.
+        max_seqlen_k is a hint (it may be None with a PagedKVCache); max_seqlen_q sizes the grid
+        and must bound every query length (checked on NumPy and with ``check=True``).
 
     Returns ``out (total_q, H, D)`` (plus the LSE as requested).
+
+    Example (two sequences of 3 and 5 tokens, paged cache of 16-row pages)::
+
+        cu_q = cp.asarray([0, 3, 8], dtype=cp.int32)
+        cu_k = cp.asarray([0, 40, 45], dtype=cp.int32)            # key lengths 40 and 5
+        table = cp.asarray([[7, 2, 9], [4, 0, 0]], dtype=cp.int32)  # pages of each sequence
+        out = flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 5, 40,
+                                     causal=True, block_table=table)
     """
     if isinstance(k, PagedKVCache):
         return _varlen_from_cache(**{n: val for n, val in locals().items()})
@@ -381,6 +438,7 @@ def _varlen_from_cache(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
 # -- KV cache (decode) ----------------------------------------------------------------------
 
 
+@_with_semantics
 def flash_attn_with_kvcache(
     q,
     k_cache,
@@ -429,8 +487,22 @@ def flash_attn_with_kvcache(
         num_splits: split-KV factor (0 = automatic); a hint to the CUDA backend.
         Other arguments as :func:`flash_attn_func`; the LSE is ``(B, H, Sq)``.
 
+        seq_ids: with a PagedKVCache as ``k_cache``: which of its sequences, in batch order.
+
+    The keys of sequence b are cache positions ``[cache_leftpad[b], cache_seqlens[b] + S_new)``;
+    the Sq queries are the last Sq of them for the mask (usually Sq == S_new: each new token
+    attends to the cache and to the new tokens before it when causal).  The LSE is
+    ``(B, H, Sq)``.  ``num_splits`` is honoured by the CUDA decode kernel (split-KV); the CPU
+    backend ignores it.
+
     Returns ``out (B, Sq, H, D)`` (and the LSE with ``return_softmax_lse``).  Like flash-attn,
     ``cache_seqlens`` itself is not updated; a PagedKVCache updates its own lengths.
+
+    Example (one decode step of 64 sequences against a paged cache)::
+
+        out = flash_attn_with_kvcache(q, k_pages, v_pages, k=k_new, v=v_new,
+                                      cache_seqlens=lens, block_table=table, causal=True)
+        lens += 1
     """
     from . import rotary as rotary_ops
 
@@ -528,28 +600,24 @@ def flash_attn_with_kvcache(
             "allocate a larger cache (or more block-table columns), or start a new sequence",
         )
         if cache_batch_idx is not None:
-            idx = validate._host(cache_batch_idx).astype(np.int64)
-            validate.lengths_fit(
-                "cache_batch_idx", idx, int(k_cache.shape[0]) - 1, "points past the cache's batch rows",
-                "use indices in [0, k_cache.shape[0])",
+            validate.indices_in_range(
+                "cache_batch_idx", cache_batch_idx, int(k_cache.shape[0]),
+                "use row indices of k_cache, in [0, k_cache.shape[0])",
             )
         if cache_leftpad is not None:
-            pad = validate._host(cache_leftpad).astype(np.int64)
-            validate.lengths_fit(
-                "cache_leftpad", pad - host_lens + capacity, capacity,
-                "starts after the end of its cached keys", "keep cache_leftpad[b] <= cache_seqlens[b]",
-            )
+            validate.leftpad_within(cache_leftpad, host_lens)
         if paged:
             validate.block_ids_in_range(block_table, host_lens + S_new, P, int(k_cache.shape[0]))
 
-    # rotary, then append the new keys/values in place
-    if rotary_cos is not None:
-        q, k = _rotate_new_tokens(xp, q, k, seqlens, rotary_cos, rotary_sin, rotary_interleaved, causal, window_size)
+    # Rotary on q and the new k, then the new k/v written into the cache in place (on CuPy: one
+    # fused kernel for k/v plus one for q, no host synchronisation).
     if k is not None:
-        if paged:
-            rotary_ops.append_kv_paged(k_cache, v_cache, block_table, k, v, seqlens)
-        else:
-            rotary_ops.append_kv_contiguous(k_cache, v_cache, k, v, seqlens, cache_batch_idx)
+        left, right = _mask(causal, window_size)
+        q = rotary_ops.rotate_and_append(
+            q, k_cache, v_cache, k, v, seqlens, cos=rotary_cos, sin=rotary_sin,
+            interleaved=rotary_interleaved, q_per_token=causal or left >= 0 or right >= 0,
+            cache_batch_idx=cache_batch_idx, block_table=block_table if paged else None,
+        )
     seqused = (seqlens + S_new).astype(np.int32)
 
     left, right = _mask(causal, window_size)

@@ -357,6 +357,32 @@ def seqused_within(used, lengths):
         )
 
 
+def indices_in_range(name: str, idx, upper: int, fix: str):
+    """Host-side: every entry of an index array is in [0, upper)."""
+    idx = np.asarray(_host(idx), dtype=np.int64)
+    bad = (idx < 0) | (idx >= upper)
+    if bad.any():
+        b = int(np.argmax(bad))
+        raise explain(
+            SeqlenError, name, f"entry {b} is outside [0, {upper})", f"0 <= {name}[{b}] < {upper}",
+            int(idx[b]), fix,
+        )
+
+
+def leftpad_within(leftpad, cache_seqlens):
+    """Host-side: 0 <= cache_leftpad[b] <= cache_seqlens[b] (keys start at the left pad)."""
+    pad = np.asarray(_host(leftpad), dtype=np.int64)
+    lens = np.asarray(_host(cache_seqlens), dtype=np.int64)
+    bad = (pad < 0) | (pad > lens)
+    if bad.any():
+        b = int(np.argmax(bad))
+        raise explain(
+            SeqlenError, "cache_leftpad", f"sequence {b} starts outside its cached keys",
+            f"0 <= cache_leftpad[{b}] <= cache_seqlens[{b}] = {int(lens[b])}", int(pad[b]),
+            "keep cache_leftpad[b] <= cache_seqlens[b]",
+        )
+
+
 # -- varlen ---------------------------------------------------------------------------------
 
 

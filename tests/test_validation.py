@@ -390,8 +390,10 @@ def test_cache_seqlens_dtype():
 
 def test_cache_batch_idx_range():
     q, kc, vc = _kvcache()
-    with raises(errors.SeqlenError, "cache_batch_idx", "<= 1", "got 2"):
+    with raises(errors.SeqlenError, "cache_batch_idx", "entry 1", "0 <= cache_batch_idx[1] < 2", "got 2"):
         fa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=3, cache_batch_idx=np.array([0, 2], np.int32))
+    with raises(errors.SeqlenError, "cache_batch_idx", "entry 0", "got -1"):
+        fa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=3, cache_batch_idx=np.array([-1, 0], np.int32))
 
 
 def test_cache_batch_without_idx():
@@ -402,9 +404,12 @@ def test_cache_batch_without_idx():
 
 def test_cache_leftpad_beyond_seqlens():
     q, kc, vc = _kvcache()
-    with raises(errors.SeqlenError, "cache_leftpad", "cache_leftpad[b] <= cache_seqlens[b]"):
+    with raises(errors.SeqlenError, "cache_leftpad", "sequence 1", "cache_seqlens[1] = 4", "got 5"):
         fa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=np.array([3, 4], np.int32),
                                    cache_leftpad=np.array([1, 5], np.int32))
+    with raises(errors.SeqlenError, "cache_leftpad", "sequence 0", "got -2"):
+        fa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=np.array([3, 4], np.int32),
+                                   cache_leftpad=np.array([-2, 0], np.int32))
 
 
 @pytest.mark.parametrize("name", ["cache_leftpad", "cache_batch_idx"])
