@@ -14,6 +14,7 @@ STAMP    := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 # Extra arguments, e.g. `make test PYTEST_ARGS='-k paged -x'`.
 PYTEST_ARGS ?=
 BENCH_ARGS  ?=
+BENCH_DECODE_ARGS ?=
 PIP_ARGS    ?=
 LINT_PATHS  := $(wildcard cupy_flashattn tests examples benchmarks tools)
 # ruff's classic default rules, pinned (newer ruff releases select more by default); `l` for an
@@ -50,8 +51,9 @@ test: $(STAMP) ## Run all tests (GPU tests are skipped without a GPU)
 test-gpu: ## GPU tests only, in place with the machine's python3 (no install, no network)
 	PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} python3 -m pytest -m gpu -q $(PYTEST_ARGS)
 
-bench: ## Benchmarks, in place with the machine's python3 (no install, no network)
+bench: ## Prefill + decode benchmarks vs torch SDPA, in place with the machine's python3
 	PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} python3 benchmarks/bench.py $(BENCH_ARGS)
+	PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} python3 benchmarks/bench_decode.py $(BENCH_DECODE_ARGS)
 
 lint: $(STAMP) ## ruff (when installed) and compileall over the Python sources
 	@if $(VPY) -m ruff --version >/dev/null 2>&1; then \

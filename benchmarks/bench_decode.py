@@ -188,7 +188,60 @@ def bench(args):
             f.write(f"| {r['B']} | {r['ctx']} | {r['H']}/{r['Hk']} | {r['page']} | {r['splits']} | {r['us']:.1f} | "
                     f"{r['GBs']:.0f} | {r['frac']:.2f} | {r['us_core']:.1f} | {r['flash_us']:.1f} | {r['cudnn_us']:.1f} | "
                     f"{r['ratio_cudnn']:.2f} | {r['ratio_core_cudnn']:.2f} | {r['ratio_flash']:.2f} |\n")
-    print(open(os.path.join(args.out, "bench_decode.md")).read())
+    table = open(os.path.join(args.out, "bench_decode.md")).read()
+    print(table)
+    update_results_md(os.path.join(args.out, "h200.md"), table)
+    plot(rows, copy_bw, args.out)
+
+
+def update_results_md(path, table):
+    """Replace the decode section of the per-GPU results file (between its markers)."""
+    begin, end = "<!-- decode:begin -->", "<!-- decode:end -->"
+    text = open(path).read() if os.path.exists(path) else ""
+    section = f"{begin}\n## Decode (`benchmarks/bench_decode.py`)\n\n{table}\n{end}"
+    if begin in text and end in text:
+        text = text[: text.index(begin)] + section + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def plot(rows, copy_bw, out):
+    """One PNG per head layout: a panel per batch size, x = context, y = GB/s of K+V read,
+    one line per provider (ours per cache layout, torch flash, cuDNN) and the copy ceiling."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no decode plots")
+        return
+    for H, Hk in sorted({(r["H"], r["Hk"]) for r in rows}):
+        sel = [r for r in rows if (r["H"], r["Hk"]) == (H, Hk)]
+        batches = sorted({r["B"] for r in sel})
+        fig, axes = plt.subplots(1, len(batches), figsize=(4 * len(batches), 3.6), squeeze=False)
+        for ax, B in zip(axes[0], batches):
+            rb = [r for r in sel if r["B"] == B]
+            for page in sorted({str(r["page"]) for r in rb}):
+                pts = sorted((r["ctx"], r["GBs"]) for r in rb if str(r["page"]) == page)
+                ax.plot(*zip(*pts), marker="o", label=f"ours ({'page ' + page if page != 'contig' else 'contiguous'})")
+            peers = {}
+            for r in rb:
+                peers[r["ctx"]] = (r["flash_GBs"], r["cudnn_GBs"])
+            ctxs = sorted(peers)
+            ax.plot(ctxs, [peers[c][0] for c in ctxs], "k--", label="torch SDPA flash")
+            ax.plot(ctxs, [peers[c][1] for c in ctxs], "k:", label="torch SDPA cuDNN")
+            ax.axhline(copy_bw / 1e9, color="grey", lw=0.8, label="copy bandwidth")
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"B={B}, H/Hk={H}/{Hk}, D=128")
+            ax.set_xlabel("context (keys)")
+            ax.set_ylabel("GB/s of K+V read")
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, f"bench_decode_h{H}_hk{Hk}.png"), dpi=90)
+        plt.close(fig)
 
 
 def smoke():
