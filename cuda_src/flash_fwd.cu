@@ -16,6 +16,10 @@
 #include "mask.cuh"
 #include "softmax.cuh"
 
+#ifndef FA_UNROLL_QK_MAX_D
+#define FA_UNROLL_QK_MAX_D 128
+#endif
+
 namespace fa {
 
 // Byte offset of (row, 16-byte chunk) in a swizzled [rows][kHeadDim] shared-memory tile.
@@ -40,50 +44,100 @@ __device__ __forceinline__ void load_q(u32 sQ, const u16* q_tile, i64 row_stride
   }
 }
 
-// K and V rows of key tile n_block.  Row addresses come from KVRowMap: once per tile when the
-// tile lies inside one page (page_size a multiple of kBlockN), else once per row this thread
-// copies -- never per element.  Absent rows are zero-filled.  Paged kernels also record, per
-// key, whether its page is present (`present`, read by Mask::apply); returns true if this
-// thread saw an absent page among real keys (the CTA ORs it into the next barrier).
+// 4-byte cp.async (.ca: the only cache mode with 4-byte copies); pred false zero-fills.
+__device__ __forceinline__ void cp_async_4(u32 smem_addr, const void* src, bool pred) {
+  const int src_size = pred ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr), "l"(src),
+               "r"(src_size)
+               : "memory");
+}
+
+// Paged: key position -> (page index in the block-table row, row inside the page); a shift and
+// a mask when the page size is a power of two (page_shift >= 0), a division otherwise.
+__device__ __forceinline__ int page_of(int pos, int page_size, int page_shift) {
+  return page_shift >= 0 ? pos >> page_shift : pos / page_size;
+}
+__device__ __forceinline__ int row_in_page(int pos, int page_size, int page_shift) {
+  return page_shift >= 0 ? pos & (page_size - 1) : pos % page_size;
+}
+
+// Paged: copy the block-table entries of key tile n_block's rows (one int per row) into the
+// shared-memory slot `s_tbl` by cp.async, one tile ahead of the K/V copies that use them, so
+// the table lookup latency hides behind a whole tile of compute.  Rows past len_k read nothing
+// (zero-filled; every user checks pos < len_k first).
+template <class Tr>
+__device__ __forceinline__ void prefetch_pages(u32 s_tbl, const FwdParams& p, const SeqInfo& si,
+                                               int page_shift, int n_block, int tidx) {
+  if (tidx < Tr::kBlockN) {
+    const int pos = n_block * Tr::kBlockN + tidx;
+    const bool ok = pos < si.len_k;  // len_k <= max_blocks_per_seq * P: index in the row
+    const int idx = ok ? page_of(pos, p.page_size, page_shift) : 0;
+    cp_async_4(s_tbl + 4 * tidx, si.table + idx, ok);
+  }
+}
+
+// Paged: does key tile n_block (page ids in `tbl`) hold a real key (pos < len_k) whose page id
+// is outside [0, num_pages)?  Warp-uniform (one vote), no CTA barrier.
+template <class Tr>
+__device__ __forceinline__ bool tile_has_absent_page(const int* tbl, int len_k, int num_pages,
+                                                     int n_block, int lane) {
+  bool absent = false;
+#pragma unroll
+  for (int r = lane; r < Tr::kBlockN; r += 32)
+    absent |= n_block * Tr::kBlockN + r < len_k && (unsigned)tbl[r] >= (unsigned)num_pages;
+  return __any_sync(0xffffffffu, absent);
+}
+
+// K and V rows of key tile n_block.  Dense: row k_start + pos.  Paged: the page ids come from
+// the shared-memory slot `tbl` (prefetch_pages, one tile earlier); when the page size is a
+// multiple of kBlockN the tile lies in one page and its address is computed once, otherwise
+// once per row this thread copies -- never per element.  Absent rows are zero-filled; paged
+// kernels also record per key whether its page is present (`present`, read by Mask::apply).
 template <class Tr, bool Is_paged>
-__device__ __forceinline__ bool load_kv(u32 sK, u32 sV, unsigned char* present,
-                                        const FwdParams& p, const SeqInfo& si, int n_block,
-                                        int tidx) {
+__device__ __forceinline__ void load_kv(u32 sK, u32 sV, unsigned char* present, const int* tbl,
+                                        const FwdParams& p, const SeqInfo& si, int page_shift,
+                                        int n_block, int tidx) {
   constexpr int kChunks = Tr::kChunks;
-  const KVRowMap<Is_paged> map(p, si);
   const u16* k_head = p.k + si.kv_head_off;
   const u16* v_head = p.v + si.kv_head_off;
   const int pos0 = n_block * Tr::kBlockN;
+  const int len_k = si.len_k;
+  const i64 row_stride = p.k_row_stride;
   bool one_page = false;
   i64 tile_base = -1;
   if (Is_paged) {
-    one_page = map.page_size % Tr::kBlockN == 0;
-    if (one_page)
-      tile_base = map.paged_offset(map.table[pos0 / map.page_size], pos0 % map.page_size);
+    one_page = p.page_size % Tr::kBlockN == 0;
+    if (one_page) {
+      const int page = tbl[0];
+      if ((unsigned)page < (unsigned)p.k_rows)
+        tile_base = (i64)page * p.k_page_stride +
+                    (i64)row_in_page(pos0, p.page_size, page_shift) * row_stride;
+    }
+  } else {
+    tile_base = (i64)(si.k_start + pos0) * row_stride;
   }
-  bool saw_absent = false;
   // Copy (row, chunk) of the tile: offset of the row (or -1: zero-fill).
   auto copy = [&](int row, int chunk, u32 so, i64 off) {
-    if (Is_paged && chunk == 0) {
-      const bool ok_page = pos0 + row >= map.len_k || off >= 0;
-      present[row] = ok_page;
-      saw_absent |= !ok_page;
-    }
+    if (Is_paged && chunk == 0) present[row] = pos0 + row >= len_k || off >= 0;
     const bool ok = off >= 0 && chunk * 8 < p.head_dim;
     cp_async_16(sK + so, ok ? k_head + off + chunk * 8 : k_head, ok);
     cp_async_16(sV + so, ok ? v_head + off + chunk * 8 : v_head, ok);
   };
   auto row_offset = [&](int row) -> i64 {
     const int pos = pos0 + row;
-    if (!Is_paged) return pos < map.len_k ? (i64)(map.k_start + pos) * map.row_stride : -1;
-    if (one_page) return (pos < map.len_k && tile_base >= 0) ? tile_base + row * map.row_stride : -1;
-    return map.offset(pos);
+    if (pos >= len_k) return -1;
+    if (!Is_paged || one_page) return tile_base >= 0 ? tile_base + row * row_stride : -1;
+    const int page = tbl[row];
+    if ((unsigned)page >= (unsigned)p.k_rows) return -1;  // absent page: zero-fill + mask
+    return (i64)page * p.k_page_stride +
+           (i64)row_in_page(pos, p.page_size, page_shift) * row_stride;
   };
-  if constexpr (Tr::kNThreads % kChunks == 0) {
+  constexpr bool kFixedChunk =
+      Tr::kNThreads % kChunks == 0 && Tr::kBlockN % (Tr::kNThreads / kChunks) == 0;
+  if constexpr (kFixedChunk) {
     // Each thread copies one fixed chunk of rows row_t, row_t + kRowsPerPass, ...: its smem
     // offsets differ by a constant (the swizzle depends on row % 8 only).
     constexpr int kRowsPerPass = Tr::kNThreads / kChunks;
-    static_assert(Tr::kBlockN % kRowsPerPass == 0, "load tiling");
     const int chunk = tidx % kChunks, row_t = tidx / kChunks;
     const u32 so0 = tile_offset<Tr>(row_t, chunk);
 #pragma unroll
@@ -103,8 +157,13 @@ __device__ __forceinline__ bool load_kv(u32 sK, u32 sV, unsigned char* present,
       copy(row, chunk, tile_offset<Tr>(row, chunk), row_offset(row));
     }
   }
-  return saw_absent;
 }
+
+template <class Tr>
+constexpr bool kUnrollQK = Tr::kMRep == 1 && Tr::kHeadDim <= FA_UNROLL_QK_MAX_D;
+// Q fragments a warp keeps in registers (kQInRegs, kMRep = 1 only): [k16 step][4].
+template <class Tr>
+constexpr int kQFrags = Tr::kQInRegs ? Tr::kHeadDim / 16 : 1;
 
 // One key tile: S = Q K^T, transform, (mask), online softmax, O += P V.
 // chunk_off[j]: this lane's ldmatrix offset (row lane%16, swizzled chunk 2j + lane/16) inside
@@ -113,6 +172,7 @@ template <class Tr, class Elem, bool Is_masked, class MaskT, class XformT>
 __device__ __forceinline__ void attend_tile(float (&acc_o)[Tr::kMRep][Tr::kDTiles][4],
                                             OnlineSoftmax<Tr::kMRep>& softmax,
                                             const u32 (&chunk_off)[Tr::kSwzPeriod],
+                                            const u32 (&q_frag)[kQFrags<Tr>][4],
                                             u32 q_base, u32 k_base, u32 v_base,
                                             const unsigned char* present, const MaskT& mask,
                                             const XformT& xform, int lane, int n_block, int row0,
@@ -134,14 +194,20 @@ __device__ __forceinline__ void attend_tile(float (&acc_o)[Tr::kMRep][Tr::kDTile
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[mi][nt][e] = 0.f;
 
-  // A run-time loop over k16 steps: unrolled, ptxas interchanges it with the n loop and keeps
-  // every Q fragment of the tile live (+32 registers per m16 tile), which spills at D = 128.
-#pragma unroll 1
-  for (int kk = 0; kk < Tr::kHeadDim / 16; ++kk) {
+  // k16 steps.  kMRep = 1: unrolled (ptxas schedules the ldmatrix of step kk+1 under the mma
+  // of step kk), Q fragments from registers when kQInRegs.  kMRep = 2: a run-time loop --
+  // unrolled, ptxas interchanges it with the n loop and keeps every Q fragment of the tile live
+  // (+32 registers per m16 tile), which spills.
+  auto k_step = [&](int kk) {
     const u32 col = (u32)(Tr::swizzle(lane_row, 2 * kk + lane_hi) << 4);
     u32 a[kMRep][4];
+    if constexpr (Tr::kQInRegs) {
 #pragma unroll
-    for (int mi = 0; mi < kMRep; ++mi) ldmatrix_x4(a[mi], q_row + col + mi * kRow16);
+      for (int e = 0; e < 4; ++e) a[0][e] = q_frag[kk][e];
+    } else {
+#pragma unroll
+      for (int mi = 0; mi < kMRep; ++mi) ldmatrix_x4(a[mi], q_row + col + mi * kRow16);
+    }
 #pragma unroll
     for (int np = 0; np < kNTiles / 2; ++np) {
       u32 b[4];  // keys 16np..16np+7 -> {b0, b2}; keys 16np+8.. -> {b1, b3}
@@ -152,6 +218,13 @@ __device__ __forceinline__ void attend_tile(float (&acc_o)[Tr::kMRep][Tr::kDTile
         Elem::mma(s[mi][2 * np + 1], a[mi], b[1], b[3]);
       }
     }
+  };
+  if constexpr (kUnrollQK<Tr>) {
+#pragma unroll
+    for (int kk = 0; kk < Tr::kHeadDim / 16; ++kk) k_step(kk);
+  } else {
+#pragma unroll 1
+    for (int kk = 0; kk < Tr::kHeadDim / 16; ++kk) k_step(kk);
   }
 
   const int tile_col0 = n_block * Tr::kBlockN;
@@ -232,6 +305,7 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
   const u32 sK0 = sQ + Tr::kSmemQ;
   const u32 sV0 = sK0 + Tr::kStages * Tr::kSmemKV;
   unsigned char* present0 = smem + Tr::kSmemQ + 2 * Tr::kStages * Tr::kSmemKV;
+  int* tbl0 = reinterpret_cast<int*>(present0 + Tr::kSmemPresent);
 
   const LogitTransform<Has_transform> xform(p, bidb, bidh, shift);
   const float c = xform.log2_scale;
@@ -255,15 +329,41 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
       for (int e = 0; e < 4; ++e) acc_o[mi][dt][e] = 0.f;
   OnlineSoftmax<kMRep> softmax;
   softmax.init();
+  u32 q_frag[kQFrags<Tr>][4];
 
   if (n_max > n_min) {
     const u32 q_base = sQ + warp_row0 * Tr::kRowBytes;
+    // Paged: page-id slots (tile n uses slot n & 1) and the power-of-two shift of P.
+    const u32 s_tbl0 = smem_u32(tbl0);
+    const int page_shift =
+        Is_paged && (p.page_size & (p.page_size - 1)) == 0 ? __ffs(p.page_size) - 1 : -1;
 
     // Prologue: Q and the last key tile (the one that may need the seqlen / causal mask).
+    // Paged: that tile's page ids are fetched first (the one un-hidden table lookup per CTA).
+    if constexpr (Is_paged) {
+      prefetch_pages<Tr>(s_tbl0 + ((n_max - 1) & 1) * kBlockN * 4, p, seq, page_shift, n_max - 1,
+                         tidx);
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncthreads();
+    }
     const u16* q_tile =
         p.q + (i64)(seq.q_start + m0) * p.q_row_stride + (i64)bidh * p.q_head_stride;
     load_q<Tr>(sQ, q_tile, p.q_row_stride, rows_valid, p.head_dim, tidx);
-    bool absent = load_kv<Tr, Is_paged>(sK0, sV0, present0, p, seq, n_max - 1, tidx);
+    {
+      const int slot = (n_max - 1) & 1;
+      load_kv<Tr, Is_paged>(sK0, sV0, present0 + slot * kBlockN, tbl0 + slot * kBlockN, p, seq,
+                            page_shift, n_max - 1, tidx);
+    }
+    // Absent pages of the tile to compute next (warp-uniform; set where the tile is loaded).
+    bool next_absent = false;
+    if constexpr (Is_paged) {
+      next_absent = tile_has_absent_page<Tr>(tbl0 + ((n_max - 1) & 1) * kBlockN, seq.len_k,
+                                             p.k_rows, n_max - 1, lane);
+      if (n_max - 2 >= n_min)
+        prefetch_pages<Tr>(s_tbl0 + ((n_max - 2) & 1) * kBlockN * 4, p, seq, page_shift,
+                           n_max - 2, tidx);
+    }
     cp_async_commit();
 
     // Key tiles from the last down to the first: the tiles that need masking (seqlen tail,
@@ -271,36 +371,44 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
     int stage = 0;
     for (int n_block = n_max - 1; n_block >= n_min; --n_block) {
       cp_async_wait<0>();
-      // Barrier: (1) this tile (and Q) has landed -- each thread waited for its own copies,
-      // the barrier publishes everyone's; (2) every warp is done with the other stage, which
-      // the prefetch below overwrites; (3) ORs the "absent page" flags of this tile.
-      bool tile_has_absent = false;
-      if constexpr (Is_paged) {
-        tile_has_absent = syncthreads_or(absent);
-      } else {
-        __syncthreads();
+      // Barrier: (1) this tile (and Q, and the page ids of tile n_block - 1) have landed --
+      // each thread waited for its own copies, the barrier publishes everyone's; (2) every warp
+      // is done with the other stage and page-id slot, which the prefetches below overwrite.
+      __syncthreads();
+      const bool tile_has_absent = next_absent;
+      if (Tr::kQInRegs && n_block == n_max - 1) {  // Q landed with the first tile
+#pragma unroll
+        for (int kk = 0; kk < kQFrags<Tr>; ++kk)
+          ldmatrix_x4(q_frag[kk], q_base + chunk_off[kk % kP] + (kk / kP) * 32 * kP);
       }
       if (n_block > n_min) {
-        absent = load_kv<Tr, Is_paged>(sK0 + (stage ^ 1) * Tr::kSmemKV,
-                                       sV0 + (stage ^ 1) * Tr::kSmemKV,
-                                       present0 + (stage ^ 1) * kBlockN, p, seq, n_block - 1,
-                                       tidx);
+        const int slot = (n_block - 1) & 1;
+        load_kv<Tr, Is_paged>(sK0 + (stage ^ 1) * Tr::kSmemKV, sV0 + (stage ^ 1) * Tr::kSmemKV,
+                              present0 + slot * kBlockN, tbl0 + slot * kBlockN, p, seq,
+                              page_shift, n_block - 1, tidx);
+        if constexpr (Is_paged) {
+          next_absent = tile_has_absent_page<Tr>(tbl0 + slot * kBlockN, seq.len_k, p.k_rows,
+                                                 n_block - 1, lane);
+          if (n_block - 2 >= n_min)
+            prefetch_pages<Tr>(s_tbl0 + (n_block & 1) * kBlockN * 4, p, seq, page_shift,
+                               n_block - 2, tidx);
+        }
       }
       cp_async_commit();
 
       const u32 k_base = sK0 + stage * Tr::kSmemKV, v_base = sV0 + stage * Tr::kSmemKV;
-      const unsigned char* present = present0 + stage * kBlockN;
+      const unsigned char* present = present0 + (n_block & 1) * kBlockN;
       // Re-read from shared memory each tile (cheaper than pinning registers, see SeqInfo).
       const Mask<Is_paged> mask(p, seq.len_k, seq.len_k - seq.len_q);
       const bool need_mask =
-          tile_has_absent ||
+          (Is_paged && tile_has_absent) ||
           mask.template tile_needs_mask<kBlockN>(n_block, m0, m0 + rows_valid - 1);
       if (need_mask) {
-        attend_tile<Tr, Elem, true>(acc_o, softmax, chunk_off, q_base, k_base, v_base, present, mask, xform,
+        attend_tile<Tr, Elem, true>(acc_o, softmax, chunk_off, q_frag, q_base, k_base, v_base, present, mask, xform,
                                     lane, n_block, row0, col_in_tile0, c);
       } else {
         // Iterations that need no masking.
-        attend_tile<Tr, Elem, false>(acc_o, softmax, chunk_off, q_base, k_base, v_base, present, mask,
+        attend_tile<Tr, Elem, false>(acc_o, softmax, chunk_off, q_frag, q_base, k_base, v_base, present, mask,
                                      xform, lane, n_block, row0, col_in_tile0, c);
       }
       stage ^= 1;

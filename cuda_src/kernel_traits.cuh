@@ -8,7 +8,8 @@
 
 namespace fa {
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kMinBlocksPerSm_>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kMinBlocksPerSm_,
+          int kQInRegs_ = 0>
 struct FwdTraitsBase {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;  // query rows per CTA
@@ -17,6 +18,9 @@ struct FwdTraitsBase {
   static constexpr int kNThreads = kNWarps * 32;
   static constexpr int kStages = 2;  // K/V double buffering: tile n+1 loads while n computes
   static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;  // __launch_bounds__ occupancy goal
+  // 1: each warp keeps its Q fragments (kHeadDim / 16 x 4 registers per m16 tile) in registers
+  // for the whole CTA instead of re-reading them from shared memory with ldmatrix every tile.
+  static constexpr bool kQInRegs = kQInRegs_ != 0;
 
   static constexpr int kWarpM = kBlockM / kNWarps;  // warps split the query rows, never keys
   static constexpr int kMRep = kWarpM / 16;         // m16 tiles per warp
@@ -28,6 +32,7 @@ struct FwdTraitsBase {
   static_assert(kWarpM % 16 == 0, "each warp owns whole m16 tiles");
   static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "k16 steps");
   static_assert(kChunks % 4 == 0, "swizzle needs rows of a multiple of 4 chunks");
+  static_assert(!kQInRegs || kMRep == 1, "Q fragments in registers: one m16 tile per warp");
 
   // XOR swizzle of the 16-byte chunk index so that ldmatrix (8 rows, same logical chunk) and
   // the cp.async stores hit 8 distinct 16-byte bank groups:
@@ -46,8 +51,12 @@ struct FwdTraitsBase {
 
   static constexpr int kSmemQ = kBlockM * kRowBytes;
   static constexpr int kSmemKV = kBlockN * kRowBytes;  // one K (or V) tile
-  // Q, K[kStages], V[kStages], then kStages x kBlockN "page present" bytes (paged kernels).
-  static constexpr int kSmemBytes = kSmemQ + 2 * kStages * kSmemKV + kStages * kBlockN;
+  // Q, K[kStages], V[kStages], then (paged kernels) 2 x kBlockN "page present" bytes and
+  // 2 x kBlockN int page ids (the block-table entries of a tile's rows, prefetched one tile
+  // ahead by cp.async).  Dense kernels carry the ~0.6 KB unused.
+  static constexpr int kSmemPresent = 2 * kBlockN;
+  static constexpr int kSmemTable = 2 * kBlockN * 4;
+  static constexpr int kSmemBytes = kSmemQ + 2 * kStages * kSmemKV + kSmemPresent + kSmemTable;
 };
 
 template <int kHeadDim>
@@ -58,13 +67,19 @@ struct FwdTraits;
 // and dead ends: benchmarks/NOTES.md.
 // D = 32: 128 x 64 (128 x 128 spilled 16 bytes on sm_80).  ~167 regs, 24 KB smem.
 template <> struct FwdTraits<32> : FwdTraitsBase<32, 128, 64, 4, 2> {};
-// D = 64: 128 x 64, 32 rows per warp (each K/V fragment used twice).  ~209 regs, 48 KB.
+// D = 64: 128 x 64, 32 rows per warp (each K/V fragment used twice).  ~218 regs, 48 KB.
+// v2 sweep (bf16, S = 4k): 259 TFLOP/s; 8 warps x 16 rows at 2 CTAs/SM measured 269 but its
+// softcap/ALiBi kernel spills 4 B at the 128-register cap on sm_90, so not shipped (needs
+// per-feature traits); 8 warps at 1 CTA/SM: 216.
 template <> struct FwdTraits<64> : FwdTraitsBase<64, 128, 64, 4, 2> {};
 // D = 96: 64 x 64.  ~168 regs, 60 KB.
 template <> struct FwdTraits<96> : FwdTraitsBase<96, 64, 64, 4, 2> {};
-// D = 128: 64 x 64 (128 x 64 / 4 warps, flash-attn's choice, spills ~100 B: O 128 + S 64 fp32
-// per thread leave too little).  ~166 regs, 80 KB.  0.71-0.79x torch flash (NOTES.md v1).
-template <> struct FwdTraits<128> : FwdTraitsBase<128, 64, 64, 4, 2> {};
+// D = 128: 64 x 64, 4 warps, 2 CTAs/SM, Q fragments kept in registers (kQInRegs: 32 more
+// registers, 8 fewer ldmatrix per tile): ~215 regs, 80 KB.  128 x 64 / 4 warps (flash-attn's
+// choice) spills ~100 B (O 128 + S 64 fp32 per thread).  v2 sweep (bf16, S = 4k, non-causal):
+// 292 TFLOP/s vs 275 (Q from smem), 282 (128 x 64, 8 warps, Q in regs), 285 (96 x 64, 6 warps),
+// 281 (192 x 64, 12 warps; the 168-register variants spill on sm_80).  NOTES.md v2.
+template <> struct FwdTraits<128> : FwdTraitsBase<128, 64, 64, 4, 2, 1> {};
 // D = 160: 64 x 64.  ~222 regs, 100 KB.
 template <> struct FwdTraits<160> : FwdTraitsBase<160, 64, 64, 4, 2> {};
 // D = 192: 64 x 32 (K/V stages halved: 72 KB).  ~218 regs.

@@ -26,9 +26,14 @@ struct OnlineSoftmax {
   }
 
   // Turns S into P (in place, fp32) and rescales O.  c: multiplier to log2 units.
+  // O is rescaled only when some row of the warp changed its max (one warp vote per tile):
+  // alpha is exactly 1 otherwise, and after the first few tiles of a long row the max rarely
+  // moves, which saves kMRep x kDTiles x 4 FMULs per thread per tile.
   template <int kNTiles, int kDTiles>
   __device__ __forceinline__ void update(float (&s)[kMRep][kNTiles][4],
                                          float (&o)[kMRep][kDTiles][4], float c) {
+    float alpha[kMRep][2];
+    bool changed = false;
 #pragma unroll
     for (int mi = 0; mi < kMRep; ++mi)
 #pragma unroll
@@ -41,7 +46,8 @@ struct OnlineSoftmax {
         // A row with no visible key yet keeps m = -inf; subtracting 0 instead of -inf makes
         // every p = exp2(-inf) = 0 rather than exp2(-inf - -inf) = NaN.
         const float m_scaled = mx == neg_inf() ? 0.f : mx * c;
-        const float alpha = exp2_approx(row_max[mi][h] * c - m_scaled);  // 0 when m_old = -inf
+        changed |= mx != row_max[mi][h];
+        alpha[mi][h] = exp2_approx(row_max[mi][h] * c - m_scaled);  // 0 when m_old = -inf
         row_max[mi][h] = mx;
         float sum = 0.f;
 #pragma unroll
@@ -52,13 +58,19 @@ struct OnlineSoftmax {
             s[mi][nt][2 * h + e] = pv;
             sum += pv;
           }
-        row_sum[mi][h] = row_sum[mi][h] * alpha + sum;
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          o[mi][dt][2 * h] *= alpha;
-          o[mi][dt][2 * h + 1] *= alpha;
-        }
+        row_sum[mi][h] = row_sum[mi][h] * alpha[mi][h] + sum;
       }
+    if (__any_sync(0xffffffffu, changed)) {
+#pragma unroll
+      for (int mi = 0; mi < kMRep; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int dt = 0; dt < kDTiles; ++dt) {
+            o[mi][dt][2 * h] *= alpha[mi][h];
+            o[mi][dt][2 * h + 1] *= alpha[mi][h];
+          }
+    }
   }
 
   // O /= l and the natural-log LSE.  A row that never saw a key outputs 0 and LSE +inf

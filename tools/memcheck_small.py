@@ -23,3 +23,11 @@ for c in cases:
     check(make_problem(rng, **c))
     print("ok", c, flush=True)
 print("memcheck cases done")
+
+# Absent pages (ids -1, num_pages, INT_MIN, INT_MAX in the table): must read nothing.
+from tests.gpu.test_gpu_kernels import test_absent_pages  # noqa: E402
+
+for page, d in ((16, 128), (48, 96), (256, 128)):
+    test_absent_pages(page, d)
+    print("ok absent pages", page, d, flush=True)
+print("memcheck absent-page cases done")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import os
 import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence, Union
@@ -33,6 +34,7 @@ __all__ = [
     "DTYPES",
     "PARAMS",
     "traits",
+    "override_traits",
     "shipped_keys",
     "get_kernel",
     "precompile",
@@ -129,6 +131,7 @@ class Traits:
     block_n: int
     num_warps: int
     min_blocks_per_sm: int
+    q_in_regs: int = 0
     stages: int = 2
 
     @property
@@ -138,7 +141,14 @@ class Traits:
     @property
     def smem_bytes(self) -> int:  # same formula as FwdTraitsBase::kSmemBytes
         row = 2 * self.head_dim
-        return self.block_m * row + 2 * self.stages * self.block_n * row + self.stages * self.block_n
+        return (self.block_m * row + 2 * self.stages * self.block_n * row
+                + 2 * self.block_n + 2 * self.block_n * 4)
+
+    @property
+    def cxx(self) -> str:
+        """The ``fa::FwdTraitsBase<...>`` these numbers describe."""
+        return (f"fa::FwdTraitsBase<{self.head_dim}, {self.block_m}, {self.block_n}, "
+                f"{self.num_warps}, {self.min_blocks_per_sm}, {self.q_in_regs}>")
 
     @property
     def register_budget(self) -> int:
@@ -149,8 +159,20 @@ class Traits:
 
 _TRAIT_RE = re.compile(
     r"template\s*<>\s*struct\s+FwdTraits<(\d+)>\s*:\s*FwdTraitsBase<\s*(\d+)\s*,\s*(\d+)\s*,"
-    r"\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*>"
+    r"\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*(?:,\s*(\d+)\s*)?>"
 )
+# Tuning-only tile overrides (head-dim bucket -> Traits): see override_traits().  The
+# environment variable CUPY_FLASHATTN_TRAITS="128=128,64,8,1,0;64=..." (bucket=block_m,
+# block_n, warps, min CTAs per SM[, Q in registers]) sets them at import (device tuning runs).
+_OVERRIDES: dict = {}
+
+
+def _env_overrides(text: str) -> dict:
+    out = {}
+    for item in filter(None, (x.strip() for x in text.split(";"))):
+        d, nums = item.split("=")
+        out[int(d)] = Traits(int(d), *(int(x) for x in nums.split(",")))
+    return out
 
 
 @functools.cache
@@ -158,9 +180,9 @@ def _trait_table() -> dict:
     text = (cuda_source_dir() / "kernel_traits.cuh").read_text()
     table = {}
     for m in _TRAIT_RE.finditer(text):
-        d, d2, bm, bn, nw, minb = map(int, m.groups())
+        d, d2, bm, bn, nw, minb, qr = (int(x) if x is not None else 0 for x in m.groups())
         assert d == d2, f"kernel_traits.cuh: FwdTraits<{d}> derives from FwdTraitsBase<{d2}, ...>"
-        table[d] = Traits(d, bm, bn, nw, minb)
+        table[d] = Traits(d, bm, bn, nw, minb, qr)
     missing = set(HEAD_DIM_BUCKETS) - set(table)
     if missing:
         raise RuntimeError(f"kernel_traits.cuh has no FwdTraits for head dims {sorted(missing)}")
@@ -168,7 +190,22 @@ def _trait_table() -> dict:
 
 
 def traits(head_dim_bucket: int) -> Traits:
-    return _trait_table()[head_dim_bucket]
+    return _OVERRIDES.get(head_dim_bucket) or _trait_table()[head_dim_bucket]
+
+
+_OVERRIDES.update(_env_overrides(os.environ.get("CUPY_FLASHATTN_TRAITS", "")))
+
+
+def override_traits(head_dim_bucket: int, tr: "Traits | None") -> None:
+    """Benchmark/tuning hook: run bucket ``head_dim_bucket`` with other tile numbers than
+    kernel_traits.cuh (``None`` restores the table).  The generated entry point then
+    instantiates the kernel with ``tr.cxx``; compiled kernels are cached per source text, so
+    switching back and forth does not recompile."""
+    if tr is None:
+        _OVERRIDES.pop(head_dim_bucket, None)
+    else:
+        assert tr.head_dim == head_dim_bucket
+        _OVERRIDES[head_dim_bucket] = tr
 
 
 def shipped_keys() -> list:
@@ -184,13 +221,14 @@ def _wrapper(key: KernelKey) -> str:
     args = ",\n    ".join(f"{ctype} {name}" for ctype, name in PARAMS)
     assigns = "\n".join(f"  p.{name} = {name};" for _, name in PARAMS)
     elem = "fa::Bf16" if key.dtype == "bf16" else "fa::F16"
+    tr_cxx = t.cxx if key.head_dim in _OVERRIDES else f"fa::FwdTraits<{key.head_dim}>"
     b = lambda x: "true" if x else "false"  # noqa: E731
     return f"""
 extern "C" __global__ void __launch_bounds__({t.num_threads}, {t.min_blocks_per_sm}) {key.name}(
     {args}) {{
   fa::FwdParams p;
 {assigns}
-  fa::flash_fwd<fa::FwdTraits<{key.head_dim}>, {elem}, {b(key.transform)}, {b(key.paged)}>(p);
+  fa::flash_fwd<{tr_cxx}, {elem}, {b(key.transform)}, {b(key.paged)}>(p);
 }}
 """
 
@@ -204,15 +242,30 @@ def kernel_source(keys: Union[KernelKey, Iterable[KernelKey]]) -> str:
     )
 
 
-@functools.cache
 def get_kernel(key: KernelKey):
     """The ``cupy.RawKernel`` of one instantiation, compiled on first use (cached)."""
+    return _get_kernel(key, _OVERRIDES.get(key.head_dim))
+
+
+get_kernel.cache_info = lambda: _get_kernel.cache_info()  # type: ignore[attr-defined]
+_COMPILED: list = []
+
+
+def compiled_kernels() -> list:
+    """Keys compiled (and loaded) in this process, in order."""
+    return list(_COMPILED)
+
+
+@functools.cache
+def _get_kernel(key: KernelKey, override):
     import cupy
 
     log.info("compiling %s (first use)", key.name)
     module = cupy.RawModule(code=kernel_source(key), options=NVRTC_OPTIONS)
     kern = module.get_function(key.name)
-    smem = traits(key.head_dim).smem_bytes
+    smem = (override or traits(key.head_dim)).smem_bytes
+    if key not in _COMPILED:
+        _COMPILED.append(key)
     if smem > 48 * 1024:
         kern.max_dynamic_shared_size_bytes = smem
     return kern

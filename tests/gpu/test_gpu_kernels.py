@@ -87,9 +87,9 @@ def make_problem(rng, *, dtype="bf16", d=64, h=4, hk=None, lens_q, lens_k, varle
 
 
 def check(problem, lowp_dtype=None):
-    from cupy_flashattn import _cuda
+    from cupy_flashattn._cuda.launch import run_attention as run_prefill
 
-    _cuda.run_attention(problem)
+    run_prefill(problem)  # the prefill kernel itself (the package entry may route to decode)
     out = cupy.asnumpy(problem.out).astype(np.float64)
     lse = cupy.asnumpy(problem.softmax_lse).astype(np.float64)
     ref, ref_lse = problem_ref(problem)
@@ -181,3 +181,104 @@ def test_strided_q_out_and_negative_scale():
     big[:, 1:3] = p.q
     p.q = big[:, 1:3]  # strided view: row stride 4*64
     check(p)
+
+
+# ---- Paths v1's tests missed: absent pages, cache_batch_idx / leftpad_k / seqused_k on dense
+# K/V, float32 inputs through paged + causal. ----------------------------------------------------
+
+
+def _check_out(problem, ref, ref_lse, naive):
+    from cupy_flashattn._cuda.launch import run_attention as run_prefill
+
+    run_prefill(problem)  # the prefill kernel itself (the package entry may route to decode)
+    out = cupy.asnumpy(problem.out).astype(np.float64)
+    lse = cupy.asnumpy(problem.softmax_lse).astype(np.float64)
+    assert not np.isnan(out).any(), "output has unwritten (NaN) elements"
+    err = np.abs(out - ref).max(initial=0.0)
+    naive_err = np.abs(naive.astype(np.float64) - ref).max(initial=0.0)
+    assert err <= 2 * naive_err + 1e-5, f"max err {err:.3g} > 2 * naive {naive_err:.3g} + eps"
+    assert np.array_equal(np.isinf(lse), np.isinf(ref_lse)), "LSE +inf positions differ"
+    fin = np.isfinite(ref_lse)
+    np.testing.assert_allclose(lse[fin], ref_lse[fin], rtol=1e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("page,d", [(16, 128), (64, 64), (256, 128), (48, 96), (1, 32)])
+def test_absent_pages(page, d):
+    """Block-table entries outside [0, num_pages) (-1, num_pages, huge, INT_MIN): the keys of
+    that page are absent -- masked out, never read -- and a sequence whose every page is absent
+    outputs 0 with LSE +inf.  Non-causal, so the reference is attention over the present keys."""
+    from cupy_flashattn.reference import attention_ref
+
+    rng = np.random.default_rng(page * 3 + d)
+    h, hk = 4, 2
+    lens_q, lens_k = [37, 64, 5, 1], [300, 200, 70, 129]
+    p = make_problem(rng, dtype="bf16", d=d, h=h, hk=hk, lens_q=lens_q, lens_k=lens_k, page=page)
+    table = cupy.asnumpy(p.block_table).copy()
+    num_pages = p.k.shape[0]
+    bad = np.array([-1, num_pages, num_pages + 12345, np.iinfo(np.int32).min, np.iinfo(np.int32).max],
+                   dtype=np.int64)  # fmt: skip
+    for b, lk in enumerate(lens_k):
+        nblk = -(-lk // page)
+        if b == 2:
+            table[b, :] = bad[rng.integers(0, len(bad), table.shape[1])]  # every page absent
+        else:
+            drop = rng.choice(nblk, size=max(1, nblk // 3), replace=False)
+            table[b, drop] = bad[rng.integers(0, len(bad), drop.size)]
+    p.block_table = cupy.asarray(table.astype(np.int32))
+    q = cupy.asnumpy(p.q).astype(np.float32)
+    k = cupy.asnumpy(p.k).astype(np.float32)
+    v = cupy.asnumpy(p.v).astype(np.float32)
+    total_q = q.shape[0]
+    ref = np.zeros((total_q, h, d))
+    naive = np.zeros((total_q, h, d), np.float32)
+    ref_lse = np.full((h, total_q), np.inf)
+    q0 = 0
+    for b, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+        pos = np.arange(lk)
+        pages = table[b, pos // page]
+        keep = (pages >= 0) & (pages < num_pages)
+        if keep.any() and lq:
+            kb = k[pages[keep], pos[keep] % page].astype(BF16)
+            vb = v[pages[keep], pos[keep] % page].astype(BF16)
+            qb = q[q0:q0 + lq].astype(BF16)
+            o, l = attention_ref(qb, kb, vb, softmax_scale=p.softmax_scale, return_lse=True)
+            ref[q0:q0 + lq] = o
+            ref_lse[:, q0:q0 + lq] = l
+            naive[q0:q0 + lq] = attention_ref(qb, kb, vb, softmax_scale=p.softmax_scale,
+                                              upcast=False).astype(np.float32)  # fmt: skip
+        q0 += lq
+    _check_out(p, ref, ref_lse, naive)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_dense_cache_batch_idx_leftpad_seqused(causal, d):
+    """A dense KV cache (Bc slots x seqlen_k rows) read through cache_batch_idx, leftpad_k and
+    seqused_k: sequence b uses rows [idx[b] * Sk + pad[b], idx[b] * Sk + used[b])."""
+    from cupy_flashattn import _cuda
+
+    rng = np.random.default_rng(d + causal)
+    b, h, hk, sk, bc = 4, 4, 1, 160, 7
+    lq = 33
+    q = _rand(rng, (b * lq, h, d), BF16)
+    k = _rand(rng, (bc * sk, hk, d), BF16)
+    v = _rand(rng, (bc * sk, hk, d), BF16)
+    idx = np.array([5, 0, 3, 6], np.int32)
+    pad = np.array([0, 17, 64, 3], np.int32)
+    used = np.array([160, 100, 64, 90], np.int32)  # seq 2: pad == used -> no keys
+    out = cupy.full((b * lq, h, d), np.nan, dtype=BF16)
+    lse = cupy.full((h, b * lq), np.nan, dtype=np.float32)
+    p = AttentionProblem(
+        q=q, k=k, v=v, out=out, softmax_lse=lse, batch_size=b, seqlen_q=lq, seqlen_k=sk,
+        max_seqlen_q=lq, max_seqlen_k=sk, softmax_scale=d ** -0.5, window_right=0 if causal else -1,
+        cache_batch_idx=cupy.asarray(idx), leftpad_k=cupy.asarray(pad), seqused_k=cupy.asarray(used),
+    )  # fmt: skip
+    assert _cuda.select_kernel(p).paged is False
+    check(p)
+
+
+@pytest.mark.parametrize("page", [0, 16])
+def test_float32_inputs_causal_gqa(page):
+    rng = np.random.default_rng(31 + page)
+    check(make_problem(rng, dtype="f32", d=128, h=4, hk=2, lens_q=[90, 7], lens_k=[150, 64],
+                       page=page, causal=True), lowp_dtype=BF16)  # fmt: skip
