@@ -93,6 +93,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
   const int rows_total = len_q * g;
   const int row0 = m_block * kDecodeRows;
   if (row0 >= rows_total) return;  // no rows here (combine reads only rows of real queries)
+  if (len_q < p.len_q_min || len_q > p.len_q_max) return;  // the prefill kernel's (mixed batch)
   const int shift = len_k - len_q;
 
   // Key range any row of this CTA can see (bottom-right aligned window), intersected with this

@@ -294,6 +294,7 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
   __syncthreads();
   const int m0 = m_block * kBlockM;
   if (m0 >= seq.len_q) return;  // grid sized by max_seqlen_q; this sequence is shorter
+  if (seq.len_q < p.len_q_min || seq.len_q > p.len_q_max) return;  // the decode kernel's
   const int rows_valid = imin(kBlockM, seq.len_q - m0);
   const int shift = seq.len_k - seq.len_q;
 

@@ -43,6 +43,10 @@ struct FwdParams {
   int window_left, window_right;  // -1 = unlimited; clamped to <= 2^30 by the launcher
   float softmax_scale;
   float softcap;  // > 0 only in Has_softcap kernels
+  // Mixed batches: this launch serves only sequences with len_q_min <= len_q <= len_q_max (the
+  // others belong to the other kernel of the same call: decode for few query rows, prefill for
+  // many).  0 and INT_MAX serve every sequence.
+  int len_q_min, len_q_max;
 };
 
 }  // namespace fa

@@ -21,20 +21,47 @@ from .compile import (  # noqa: F401
     shipped_keys,
     traits,
 )
-from .launch import is_available, select_kernel  # noqa: F401
+from .launch import is_available, needs_temporaries, select_kernel  # noqa: F401
 from .launch import run_attention as run_prefill  # noqa: F401
-from .decode import decode_applies, merge_states, precompile_decode, rope_append, run_decode  # noqa: F401
+from .decode import (  # noqa: F401
+    decode_applies,
+    decode_len_q_limit,
+    merge_states,
+    precompile_decode,
+    rope_append,
+    run_decode,
+)
 from .source import build_source, cuda_source_dir, source_hash  # noqa: F401
 
 
 
+def mixed_split(problem):
+    """For a varlen batch too long for decode as a whole: the query length up to which its
+    sequences go to the decode kernel (the rest to prefill), or None to run prefill alone.
+    The per-sequence choice is made on the device (each kernel skips the other's sequences),
+    so no host sync reads cu_seqlens_q."""
+    p = problem
+    if p.cu_seqlens_q is None or p.batch_size < 2 or p.head_dim > 256:
+        return None
+    if p.num_heads % p.num_heads_k or needs_temporaries(p):
+        return None
+    return decode_len_q_limit(p.num_heads, p.num_heads_k)
+
+
 def run_attention(problem) -> None:
     """Fill ``problem.out`` / ``problem.softmax_lse`` on the current CuPy stream (no host sync):
-    decode kernel when :func:`decode_applies`, else the prefill kernel."""
+    decode kernel when :func:`decode_applies`; for a mixed varlen batch (chunked prefill next to
+    decode steps) both kernels, each serving its own sequences (:func:`mixed_split`); else the
+    prefill kernel."""
     if decode_applies(problem):
         run_decode(problem)
-    else:
+        return
+    limit = mixed_split(problem)
+    if limit is None:
         run_prefill(problem)
+        return
+    run_decode(problem, len_q_max=limit)
+    run_prefill(problem, len_q_min=limit + 1)
 
 
 __all__ = [
@@ -42,6 +69,7 @@ __all__ = [
     "run_prefill",
     "run_decode",
     "decode_applies",
+    "mixed_split",
     "precompile_decode",
     "is_available",
     "precompile",

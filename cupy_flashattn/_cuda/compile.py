@@ -89,6 +89,8 @@ PARAMS = (
     ("int", "window_right"),
     ("float", "softmax_scale"),
     ("float", "softcap"),
+    ("int", "len_q_min"),
+    ("int", "len_q_max"),
 )
 
 

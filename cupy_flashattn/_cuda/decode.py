@@ -101,6 +101,7 @@ PACKED_PARAMS = (
     "alibi_batch_stride", "alibi_head_stride", "table_batch_stride", "batch", "seqlen_q",
     "seqlen_k", "total_q", "k_rows", "num_heads", "h_per_kv", "head_dim", "page_size",
     "max_blocks_per_seq", "window_left", "window_right", "softmax_scale", "softcap",
+    "len_q_min", "len_q_max",
 )  # fmt: skip
 
 COMBINE_NAME = "fa_decode_combine"
@@ -264,6 +265,14 @@ def decode_applies(problem: AttentionProblem) -> bool:
     return rows <= DECODE_ROWS or m_blocks <= min(4, g)
 
 
+def decode_len_q_limit(num_heads: int, num_heads_k: int) -> int:
+    """The longest query length the decode kernel serves (the rule of :func:`decode_applies`
+    solved for max_seqlen_q): in a mixed batch, sequences up to it go to decode, longer ones to
+    the prefill kernel."""
+    g = num_heads // num_heads_k
+    return max(DECODE_ROWS // g, DECODE_ROWS * min(4, g) // g)
+
+
 def num_splits_heuristic(ctas: int, max_seqlen_k: int, num_sms: int, ctas_per_sm: int = 1,
                          max_splits: int = 128, min_keys: int = 256) -> int:
     """flash-attn's rule: no split when the grid already fills ~80% of the SM slots; else the
@@ -335,16 +344,24 @@ def _window(w: int) -> int:
     return -1 if w < 0 else min(int(w), _WINDOW_CAP)
 
 
-def plan(problem: AttentionProblem):
-    """(key, m_blocks, num_splits) the launcher would use (host-only, no launch)."""
+_INT_MAX = 2**31 - 1
+
+
+def plan(problem: AttentionProblem, len_q_max=None):
+    """(key, m_blocks, num_splits) the launcher would use (host-only, no launch).  With
+    ``len_q_max`` (the decode half of a mixed batch) the grid covers queries up to that length
+    and there is no split: the combine kernel would rewrite the prefill kernel's rows."""
     import cupy
 
     p = problem
     dt = "f16" if np.dtype(p.q.dtype) == np.float16 else "bf16"
     key = DecodeKey(dt, decode_bucket(p.head_dim))
     g = p.num_heads // p.num_heads_k
-    m_blocks = max(1, -(-int(p.max_seqlen_q) * g // DECODE_ROWS))
+    longest = int(p.max_seqlen_q) if len_q_max is None else min(int(p.max_seqlen_q), int(len_q_max))
+    m_blocks = max(1, -(-longest * g // DECODE_ROWS))
     ctas = m_blocks * p.num_heads_k * int(p.batch_size)
+    if len_q_max is not None:
+        return key, m_blocks, 1
     if p.num_splits and p.num_splits > 0:
         splits = int(p.num_splits)
     else:
@@ -354,12 +371,13 @@ def plan(problem: AttentionProblem):
     return key, m_blocks, splits
 
 
-def run_decode(problem: AttentionProblem) -> None:
-    """Fill ``problem.out`` / ``problem.softmax_lse`` with the decode kernel (no host sync)."""
+def run_decode(problem: AttentionProblem, len_q_max=None) -> None:
+    """Fill ``problem.out`` / ``problem.softmax_lse`` with the decode kernel (no host sync).
+    With ``len_q_max``, only sequences of at most that many queries are served (mixed batch)."""
     import cupy
 
     p = problem
-    key, m_blocks, splits = plan(p)
+    key, m_blocks, splits = plan(p, len_q_max)
     d = p.head_dim
     d8 = -(-d // 8) * 8
     cdtype = np.dtype(np.float16) if key.dtype == "f16" else _bf16()
@@ -416,6 +434,7 @@ def run_decode(problem: AttentionProblem) -> None:
         np.int32(d8), np.int32(page_size), np.int32(max_blocks),
         np.int32(_window(p.window_left)), np.int32(_window(p.window_right)),
         np.float32(p.softmax_scale), np.float32(p.softcap if p.softcap > 0 else 0.0),
+        np.int32(0), np.int32(_INT_MAX if len_q_max is None else len_q_max),
         _ptr(oacc), _ptr(lacc), np.int32(splits), np.int32(m_blocks), np.int32(1 if p.paged else 0),
     )  # fmt: skip
     _decode_kernel(key)(grid, (DECODE_THREADS,), args, shared_mem=smem_bytes(key.head_dim))

@@ -78,7 +78,8 @@ def _aligned(a) -> bool:
     """Last dim contiguous, other strides multiples of 16 bytes, base 16-byte aligned."""
     if a.strides[-1] != a.itemsize:
         return False
-    if a.data.ptr % 16:
+    ptr = a.data.ptr if hasattr(a.data, "ptr") else a.ctypes.data  # CuPy, or NumPy in tests
+    if ptr % 16:
         return False
     return all(s % 16 == 0 for s, n in zip(a.strides[:-1], a.shape[:-1]) if n > 1)
 
@@ -101,8 +102,24 @@ def _ptr(a):
     return np.uint64(0) if a is None else a
 
 
-def run_attention(problem: AttentionProblem) -> None:
-    """Fill ``problem.out`` and ``problem.softmax_lse`` on the current CuPy stream."""
+def needs_temporaries(problem: AttentionProblem) -> bool:
+    """True when the launch writes into a temporary (padded head dim, float32 output, misaligned
+    out, strided LSE) that is copied back whole -- which would overwrite rows another kernel
+    wrote, so a mixed batch then runs on one kernel."""
+    p = problem
+    out, lse = p.out, p.softmax_lse
+    return (
+        p.head_dim % 8 != 0
+        or np.dtype(out.dtype) == np.float32
+        or not _aligned(out)
+        or lse.ndim != 2
+        or lse.strides[-1] != 4
+    )
+
+
+def run_attention(problem: AttentionProblem, len_q_min: int = 0) -> None:
+    """Fill ``problem.out`` and ``problem.softmax_lse`` on the current CuPy stream.  With
+    ``len_q_min``, only sequences of at least that many queries are served (mixed batch)."""
     import cupy
 
     p = problem
@@ -160,6 +177,7 @@ def run_attention(problem: AttentionProblem) -> None:
         np.int32(d8), np.int32(page_size), np.int32(max_blocks),
         np.int32(_window(p.window_left)), np.int32(_window(p.window_right)),
         np.float32(p.softmax_scale), np.float32(p.softcap if p.softcap > 0 else 0.0),
+        np.int32(len_q_min), np.int32(2**31 - 1),
     )  # fmt: skip
     grid = (-(-int(p.max_seqlen_q) // tr.block_m), H, int(p.batch_size))
     if grid[0] > 0 and grid[2] > 0 and p.total_q > 0:
