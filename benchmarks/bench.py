@@ -260,6 +260,11 @@ def write_md_section(path, section, tag="prefill"):
         f.write(text.rstrip() + "\n")
 
 
+def _check_cell(err) -> str:
+    """The check column: '-' where no comparison is made (varlen rows have no torch twin)."""
+    return "-" if err != err else f"{err:.2g}"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
@@ -325,7 +330,7 @@ def main(argv=None):
     for r in rows:
         md.append(f"| {r['dtype']} | {r['d']} | {r['seqlen']} | {r['causal']} | {r['mode']} | "
                   f"{r['tflops']:.0f} | {r.get('flash_tflops', nan):.0f} | {r.get('cudnn_tflops', nan):.0f} | "
-                  f"{r.get('ratio_flash', nan):.2f} | {r.get('ratio_cudnn', nan):.2f} | {r['check_err']:.2g} |")
+                  f"{r.get('ratio_flash', nan):.2f} | {r.get('ratio_cudnn', nan):.2f} | {_check_cell(r['check_err'])} |")
     write_md_section(os.path.join(args.out, "h200.md"), "\n".join(md))
     try:
         import matplotlib
