@@ -245,11 +245,7 @@ def flash_attn_func(
         seqlen_k=Sk,
         max_seqlen_q=Sq,
         max_seqlen_k=Sk,
-        softmax_scale=_scale(softmax_scale, D),
-        window_left=left,
-        window_right=right,
-        softcap=float(softcap),
-        alibi_slopes=_alibi(alibi_slopes, xp, B, H),
+        **_logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, B, H),
     )
     _run(xp, problem)
     result = out_user if out_user is not None else out_tokens.reshape(q.shape)
@@ -259,6 +255,17 @@ def flash_attn_func(
     if return_attn_probs:
         return result, lse, None
     return (result, lse) if return_softmax_lse else result
+
+
+def _logits(xp, softmax_scale, head_dim, left, right, softcap, alibi_slopes, batch, num_heads):
+    """The AttentionProblem fields of the logit transform and mask, shared by every entry point."""
+    return dict(
+        softmax_scale=_scale(softmax_scale, head_dim),
+        window_left=left,
+        window_right=right,
+        softcap=float(softcap),
+        alibi_slopes=_alibi(alibi_slopes, xp, batch, num_heads),
+    )
 
 
 def _scale(softmax_scale, head_dim):
@@ -396,11 +403,7 @@ def flash_attn_varlen_func(
         seqused_k=seqused_k,
         block_table=block_table,
         page_block_size=P,
-        softmax_scale=_scale(softmax_scale, D),
-        window_left=left,
-        window_right=right,
-        softcap=float(softcap),
-        alibi_slopes=_alibi(alibi_slopes, xp, B, H),
+        **_logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, B, H),
     )
     _run(xp, problem)
     result = out_user if out_user is not None else out_tokens
@@ -639,11 +642,7 @@ def flash_attn_with_kvcache(
         leftpad_k=cache_leftpad,
         block_table=block_table,
         page_block_size=P,
-        softmax_scale=_scale(softmax_scale, D),
-        window_left=left,
-        window_right=right,
-        softcap=float(softcap),
-        alibi_slopes=_alibi(alibi_slopes, xp, B, H),
+        **_logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, B, H),
         num_splits=int(num_splits),
     )
     _run(xp, problem)

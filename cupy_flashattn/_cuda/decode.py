@@ -30,6 +30,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..problem import AttentionProblem
+from .args import aligned as _aligned
+from .args import bf16_dtype as _bf16
+from .args import elem_stride as _es
+from .args import pad_last as _pad_last
+from .args import ptr as _ptr
+from .args import window as _window
 from .compile import NVRTC_OPTIONS, PARAMS
 from .source import build_source
 
@@ -54,7 +60,6 @@ DECODE_ROWS = 16  # kDecodeRows
 DECODE_THREADS = 128
 # (kStages, kMinBlocks) per bucket: mirrors DecodeTraits<> in flash_decode.cu.
 DECODE_TRAITS = {64: (4, 3), 128: (3, 2), 256: (3, 1)}
-_WINDOW_CAP = 1 << 30
 
 DECODE_EXTRA = (
     ("float*", "oaccum"),
@@ -297,10 +302,6 @@ def num_splits_heuristic(ctas: int, max_seqlen_k: int, num_sms: int, ctas_per_sm
 # -- launch ---------------------------------------------------------------------------------
 
 
-def _bf16():
-    import ml_dtypes
-
-    return np.dtype(ml_dtypes.bfloat16)
 
 
 def _elem_code(dtype) -> int:
@@ -316,32 +317,14 @@ def _elem_code(dtype) -> int:
     raise TypeError(f"unsupported dtype {dtype}")
 
 
-def _aligned(a) -> bool:
-    if a.strides[-1] != a.itemsize or a.data.ptr % 16:
-        return False
-    return all(s % 16 == 0 for s, n in zip(a.strides[:-1], a.shape[:-1]) if n > 1)
 
 
-def _pad_last(a, d_to, dtype):
-    import cupy
-
-    if a.shape[-1] == d_to and a.dtype == dtype:
-        return a
-    out = cupy.zeros(a.shape[:-1] + (d_to,), dtype=dtype)
-    out[..., : a.shape[-1]] = a.astype(dtype, copy=False)
-    return out
 
 
-def _es(a, i) -> np.int64:
-    return np.int64(a.strides[i] // a.itemsize)
 
 
-def _ptr(a):
-    return np.uint64(0) if a is None else a
 
 
-def _window(w: int) -> int:
-    return -1 if w < 0 else min(int(w), _WINDOW_CAP)
 
 
 _INT_MAX = 2**31 - 1

@@ -22,11 +22,16 @@ from __future__ import annotations
 import numpy as np
 
 from ..problem import AttentionProblem
+from .args import aligned as _aligned
+from .args import bf16_dtype as _bf16
+from .args import elem_stride as _estride
+from .args import pad_last as _pad_last
+from .args import ptr as _ptr
+from .args import window as _window
 from .compile import KernelKey, bucket_for, get_kernel, traits
 
 __all__ = ["run_attention", "is_available", "select_kernel"]
 
-_WINDOW_CAP = 1 << 30
 
 
 def is_available() -> bool:
@@ -41,10 +46,6 @@ def is_available() -> bool:
         return False
 
 
-def _bf16():
-    import ml_dtypes
-
-    return np.dtype(ml_dtypes.bfloat16)
 
 
 def _dtype_tag(dtype) -> str:
@@ -56,8 +57,6 @@ def _dtype_tag(dtype) -> str:
     raise TypeError(f"q: dtype {dtype} is not supported (expected float16, bfloat16 or float32)")
 
 
-def _window(w: int) -> int:
-    return -1 if w < 0 else min(int(w), _WINDOW_CAP)
 
 
 def select_kernel(problem: AttentionProblem) -> KernelKey:
@@ -74,32 +73,12 @@ def select_kernel(problem: AttentionProblem) -> KernelKey:
     )
 
 
-def _aligned(a) -> bool:
-    """Last dim contiguous, other strides multiples of 16 bytes, base 16-byte aligned."""
-    if a.strides[-1] != a.itemsize:
-        return False
-    ptr = a.data.ptr if hasattr(a.data, "ptr") else a.ctypes.data  # CuPy, or NumPy in tests
-    if ptr % 16:
-        return False
-    return all(s % 16 == 0 for s, n in zip(a.strides[:-1], a.shape[:-1]) if n > 1)
 
 
-def _pad_last(a, d_to, dtype):
-    import cupy
-
-    if a.shape[-1] == d_to and a.dtype == dtype:
-        return a
-    out = cupy.zeros(a.shape[:-1] + (d_to,), dtype=dtype)
-    out[..., : a.shape[-1]] = a.astype(dtype, copy=False)
-    return out
 
 
-def _estride(a, i) -> np.int64:
-    return np.int64(a.strides[i] // a.itemsize)
 
 
-def _ptr(a):
-    return np.uint64(0) if a is None else a
 
 
 def needs_temporaries(problem: AttentionProblem) -> bool:
