@@ -154,7 +154,7 @@ def run_case(case, modes, providers=("flash", "cudnn"), check=True):
     dense_out = None
     for mode in modes:
         prob, fl = case.problem(mode)
-        t = timeit(lambda: _cuda.run_attention(prob))
+        t = timeit(lambda prob=prob: _cuda.run_attention(prob))
         err = float("nan")
         if check:
             o = prob.out.astype(np.float32)
@@ -321,7 +321,7 @@ def main(argv=None):
     nan = float("nan")
     tiles = ", ".join(f"D={d}: {cc.traits(d).block_m}x{cc.traits(d).block_n}, "
                       f"{cc.traits(d).num_warps} warps" for d in args.dims)  # fmt: skip
-    md = [f"## Prefill (`benchmarks/bench.py`): ours vs torch SDPA, same process\n",
+    md = ["## Prefill (`benchmarks/bench.py`): ours vs torch SDPA, same process\n",
           f"16k tokens per batch (B = 16384 / S, H = 2048 / D).  Tiles: {tiles}.  varlen/paged rows "
           "compare with torch's dense time of the same shape (torch has no paged prefill).  "
           "check: dense = max|ours - torch flash|, paged = max|paged - dense| (expect 0).\n",

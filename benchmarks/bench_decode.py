@@ -65,7 +65,7 @@ def copy_bandwidth(timer):
     n = 1 << 30
     a, b = cupy.empty(n, np.uint8), cupy.empty(n, np.uint8)
     a.fill(1)
-    t = timer(lambda: cupy.cuda.runtime.memcpyAsync(b.data.ptr, a.data.ptr, n, 3, 0), reps=10)
+    t = timer(lambda a=a, b=b: cupy.cuda.runtime.memcpyAsync(b.data.ptr, a.data.ptr, n, 3, 0), reps=10)
     del a, b
     return 2 * n / t
 
@@ -141,7 +141,7 @@ def bench(args):
                     else:
                         kw, kc, vc = {}, k, v
 
-                    def ours(kc=kc, vc=vc, kw=kw):
+                    def ours(kc=kc, vc=vc, kw=kw, q=q):
                         return fa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, causal=True, **kw)
 
                     out = ours()

@@ -183,7 +183,7 @@ def test_with_kvcache_append_rotary(layout, rot_frac, interleaved, s_new):
     lens = np.array([0, 200, 297 - s_new][:B], np.int32)
     q = _rand(rng, (B, Sq, H, D), dt)
     k_new, v_new = _rand(rng, (B, s_new, Hk, D), dt), _rand(rng, (B, s_new, Hk, D), dt)
-    kw, np_kw = {}, {}
+    kw = {}
     paged = layout.startswith("page")
     if paged:
         P = int(layout[4:])
