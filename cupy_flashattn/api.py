@@ -334,7 +334,14 @@ def flash_attn_varlen_func(
                                      causal=True, block_table=table)
     """
     if isinstance(k, PagedKVCache):
-        return _varlen_from_cache(**{n: val for n, val in locals().items()})
+        return _varlen_from_cache(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
+            page_block_size, seqused_k, seq_ids,
+            dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+            window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+            deterministic=deterministic, return_attn_probs=return_attn_probs,
+            return_softmax_lse=return_softmax_lse, out=out, check=check,
+        )
     xp, q, k, v = _common_checks(q, k, v, dropout_p, softmax_scale, window_size, softcap)
     full = _full_check(xp, check)
     validate.rank("q", q, 3, "varlen (total_q, nheads, headdim)")

@@ -34,7 +34,6 @@ from .decode import (  # noqa: F401
 from .source import build_source, cuda_source_dir, source_hash  # noqa: F401
 
 
-
 def mixed_split(problem):
     """For a varlen batch too long for decode as a whole: the query length up to which its
     sequences go to the decode kernel (the rest to prefill), or None to run prefill alone.
