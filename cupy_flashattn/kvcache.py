@@ -405,9 +405,23 @@ class PagedKVCache:
         return added
 
     def _scatter(self, seqs, counts, k_new, v_new) -> None:
-        """Write the new tokens into their slots: one fancy-index assignment per pool."""
+        """Write the new tokens into their slots.  CuPy with ``(B, S_new, Hk, D)`` tokens: the
+        fused append kernel (``cuda_src/kv_cache.cu``, one launch for k and v, like vLLM's
+        reshape_and_cache) reads the block table and the old lengths on the device; otherwise
+        one fancy-index assignment per pool at host-computed (page, slot) destinations."""
         total = int(counts.sum())
         if total == 0:
+            return
+        if self._xp is not np and k_new.ndim == 4:
+            from .rotary import append_kv_paged
+
+            width = max(len(s.pages) for s in seqs)
+            table = np.zeros((len(seqs), width), dtype=np.int32)
+            for row, seq in zip(table, seqs):
+                row[: len(seq.pages)] = seq.pages
+            lengths = np.array([s.length for s in seqs], dtype=np.int32)
+            append_kv_paged(self.k_pages, self.v_pages, self._xp.asarray(table), k_new, v_new,
+                            self._xp.asarray(lengths))
             return
         pages, slots = self._destinations(seqs, counts)
         # Dense (B, S_new, Hk, D) rows are already in (b, i) order: flatten to (total, Hk, D).
