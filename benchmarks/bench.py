@@ -232,18 +232,18 @@ def sweep(args, torch):
 
 
 def paged_diag(args, torch):
-    """Where does paged time go?  D = 128 bf16 S = 4k non-causal, random vs identity page order,
-    shipped tiles and the 12-warp 192 x 64 variant."""
-    from cupy_flashattn._cuda import compile as cc
-
-    modes = ("dense", "paged16", "paged256", "paged16i", "paged256i", "paged64", "paged64i")
-    for v in (None, (128, 192, 64, 12, 1, 0), (128, 128, 64, 8, 1, 1)):
-        cc.override_traits(128, cc.Traits(*v) if v else None)
-        case = Case("bf16", 128, 4096, False, torch)
-        res, _ = run_case(case, modes, providers=())
-        print(f"paged-diag {v or 'shipped'}: " + " ".join(
-            f"{m}={fl / t / 1e12:.0f}({e:.2g})" for m, (t, fl, e) in res.items()), flush=True)
-    cc.override_traits(128, None)
+    """Paged vs dense on the shipped tiles: bf16 S = 4k, each D of --dims, causal and not; page
+    sizes 16 and 32 (pages smaller than a key tile: per-row addresses), 64 and 256 (one page
+    per tile), random page order; "paged16i": page 16 in identity order (locality check)."""
+    modes = ("dense", "paged16", "paged16i", "paged32", "paged64", "paged256")
+    for d in args.dims:
+        for causal in (False, True):
+            case = Case("bf16", d, 4096, causal, torch)
+            res, _ = run_case(case, modes, providers=())
+            dense = res["dense"][1] / res["dense"][0]
+            print(f"paged-diag d={d} causal={int(causal)}: " + " ".join(
+                f"{m}={fl / t / 1e12:.0f}({fl / t / dense:.2f}x,err {e:.2g})"
+                for m, (t, fl, e) in res.items()), flush=True)
 
 
 def write_md_section(path, section, tag="prefill"):

@@ -72,36 +72,4 @@ struct SeqInfo {
   const int* table;  // block-table row of this sequence (paged)
 };
 
-// Key position -> element offset of that key's row (head 0) in k / v, or -1 when the row is
-// absent (past len_k, or its page id is outside [0, num_pages)).  Dense: k_start + pos.
-// Paged: page block_table[b][pos / P], row pos % P.  Called once per (row, tile), never per
-// element; KVTileRows below takes the one-lookup-per-tile path when a tile lies in one page.
-template <bool Is_paged>
-struct KVRowMap {
-  const int* table;
-  i64 row_stride, page_stride;
-  int k_start, len_k, page_size, num_pages;
-
-  __device__ KVRowMap(const FwdParams& p, const SeqInfo& si)
-      : table(si.table),
-        row_stride(p.k_row_stride),
-        page_stride(p.k_page_stride),
-        k_start(si.k_start),
-        len_k(si.len_k),
-        page_size(p.page_size),
-        num_pages(p.k_rows) {}
-
-  // Offset of `pos` when the page holding it is `page` (paged) -- the shared tail of both paths.
-  __device__ __forceinline__ i64 paged_offset(int page, int row_in_page) const {
-    if ((unsigned)page >= (unsigned)num_pages) return -1;  // absent page: zero-fill + mask
-    return (i64)page * page_stride + (i64)row_in_page * row_stride;
-  }
-
-  __device__ __forceinline__ i64 offset(int pos) const {
-    if (pos >= len_k) return -1;
-    if (!Is_paged) return (i64)(k_start + pos) * row_stride;
-    return paged_offset(table[pos / page_size], pos % page_size);
-  }
-};
-
 }  // namespace fa

@@ -52,109 +52,116 @@ __device__ __forceinline__ void cp_async_4(u32 smem_addr, const void* src, bool 
                : "memory");
 }
 
-// Paged: key position -> (page index in the block-table row, row inside the page); a shift and
-// a mask when the page size is a power of two (page_shift >= 0), a division otherwise.
-__device__ __forceinline__ int page_of(int pos, int page_size, int page_shift) {
-  return page_shift >= 0 ? pos >> page_shift : pos / page_size;
-}
-__device__ __forceinline__ int row_in_page(int pos, int page_size, int page_shift) {
-  return page_shift >= 0 ? pos & (page_size - 1) : pos % page_size;
+// Paged: where key tile n_block's page ids live in shared memory.  `ids` (kBlockN ints, one
+// per key row: its block-table entry, by cp.async) and `rows` (its row inside that page, by a
+// plain store) of slot n_block % kTblSlots; see FwdTraitsBase::kSmemTable.
+struct PageSlot {
+  int* ids;
+  int* rows;
+};
+template <class Tr>
+__device__ __forceinline__ PageSlot page_slot(int* table0, int n_block) {
+  int* ids = table0 + (n_block & (Tr::kTblSlots - 1)) * Tr::kBlockN;
+  return {ids, ids + Tr::kTblSlots * Tr::kBlockN};
 }
 
-// Paged: copy the block-table entries of key tile n_block's rows (one int per row) into the
-// shared-memory slot `s_tbl` by cp.async, one tile ahead of the K/V copies that use them, so
-// the table lookup latency hides behind a whole tile of compute.  Rows past len_k read nothing
-// (zero-filled; every user checks pos < len_k first).
+// Paged: fetch the block-table entries of key tile n_block's rows into its slot, two tiles
+// ahead of the compute that uses them, so the table lookup latency hides behind a whole tile.
+// The position -> (page index, row in page) split happens here, once per row: a shift when P
+// is a power of two, a division otherwise -- never in the K/V copy loop.
+// Rows past len_k read nothing (their id is zero-filled; every user checks pos < len_k).
 template <class Tr>
-__device__ __forceinline__ void prefetch_pages(u32 s_tbl, const FwdParams& p, const SeqInfo& si,
-                                               int page_shift, int n_block, int tidx) {
+__device__ __forceinline__ void prefetch_pages(PageSlot slot, const FwdParams& p,
+                                               const SeqInfo& si, int n_block, int tidx) {
   if (tidx < Tr::kBlockN) {
     const int pos = n_block * Tr::kBlockN + tidx;
     const bool ok = pos < si.len_k;  // len_k <= max_blocks_per_seq * P: index in the row
-    const int idx = ok ? page_of(pos, p.page_size, page_shift) : 0;
-    cp_async_4(s_tbl + 4 * tidx, si.table + idx, ok);
+    const int P = p.page_size;
+    const int idx = !ok ? 0 : (P & (P - 1)) == 0 ? pos >> (__ffs(P) - 1) : pos / P;
+    cp_async_4(smem_u32(slot.ids + tidx), si.table + idx, ok);
+    slot.rows[tidx] = pos - idx * p.page_size;
   }
 }
 
-// Paged: does key tile n_block (page ids in `tbl`) hold a real key (pos < len_k) whose page id
-// is outside [0, num_pages)?  Warp-uniform (one vote), no CTA barrier.
+// The rows of one K/V tile that this thread copies, resolved once and used for both K and V.
+// Thread layout: 4 threads per row, thread t copying chunks t%4, t%4 + 4, ... of rows t/4,
+// t/4 + kRowsPerPass, ...; so one warp instruction reads 64 contiguous bytes of each of 8 rows
+// (whole 32-byte sectors) and a thread resolves the address of only kBlockN / 32 rows per tile
+// (2 at kBlockN = 64) -- the per-row address math is what a paged tile pays on top of a dense
+// one (v2 had 16 threads per row: 8 rows per thread, NOTES.md v3).  Smem stores of one
+// instruction hit 8 rows x 4 chunks = all 32 banks 4 times (the swizzle spreads row % 8).
 template <class Tr>
-__device__ __forceinline__ bool tile_has_absent_page(const int* tbl, int len_k, int num_pages,
-                                                     int n_block, int lane) {
-  bool absent = false;
+struct KVRows {
+  static constexpr int kThreadsPerRow = 4;
+  static constexpr int kRowsPerPass = Tr::kNThreads / kThreadsPerRow;
+  static constexpr int kRows = Tr::kBlockN / kRowsPerPass;
+  static constexpr int kChunksPerThread = Tr::kChunks / kThreadsPerRow;
+  static_assert(Tr::kChunks % kThreadsPerRow == 0 && Tr::kBlockN % kRowsPerPass == 0 &&
+                    kRowsPerPass % 8 == 0,
+                "KVRows: rows of the tile split evenly over the passes");
+  i64 off[kRows];  // element offset of row row_t + i * kRowsPerPass (0 when !ok)
+  bool ok[kRows];  // a key (pos < len_k) on a present page
+};
+
+// Resolve this thread's rows of key tile n_block.  Straight-line (selects, no per-row branch;
+// a per-row branch was most of the v2 paged gap, NOTES.md v3):
+//  - dense: row r at (k_start + pos0 + r) * row_stride;
+//  - paged: per row, its page id and row in page from the tile's page slot -- whatever the
+//    page size.  (A one-address-per-tile path for P % kBlockN == 0 measured 3% slower than
+//    this: its loads wait on one smem read + multiply chain, NOTES.md v3.)
+// Rows past len_k and rows on an absent page (id outside [0, num_pages)) are zero-filled and
+// never read.  `absent` becomes true when this thread met a key on an absent page: the OR over
+// the CTA (the next barrier, __syncthreads_or) tells whether the tile needs the page mask.
+template <class Tr, bool Is_paged>
+__device__ __forceinline__ KVRows<Tr> kv_rows(PageSlot slot, const FwdParams& p,
+                                              const SeqInfo& si, int n_block, int tidx,
+                                              bool& absent) {
+  using R = KVRows<Tr>;
+  R rows;
+  const int pos0 = n_block * Tr::kBlockN;
+  const int rows_left = si.len_k - pos0;  // rows r < rows_left are keys
+  const i64 row_stride = p.k_row_stride;
+  const int row_t = tidx / R::kThreadsPerRow;
 #pragma unroll
-  for (int r = lane; r < Tr::kBlockN; r += 32)
-    absent |= n_block * Tr::kBlockN + r < len_k && (unsigned)tbl[r] >= (unsigned)num_pages;
-  return __any_sync(0xffffffffu, absent);
+  for (int i = 0; i < R::kRows; ++i) {
+    const int row = row_t + i * R::kRowsPerPass;
+    bool ok = row < rows_left;
+    i64 off;
+    if constexpr (!Is_paged) {
+      off = (i64)(si.k_start + pos0 + row) * row_stride;
+    } else {
+      const unsigned page = slot.ids[row], row_in_page = slot.rows[row];
+      const bool present = page < (unsigned)p.k_rows;
+      absent |= ok && !present;
+      ok = ok && present;
+      off = (i64)page * p.k_page_stride + (i64)row_in_page * row_stride;
+    }
+    rows.off[i] = ok ? off : 0;
+    rows.ok[i] = ok;
+  }
+  return rows;
 }
 
-// K and V rows of key tile n_block.  Dense: row k_start + pos.  Paged: the page ids come from
-// the shared-memory slot `tbl` (prefetch_pages, one tile earlier); when the page size is a
-// multiple of kBlockN the tile lies in one page and its address is computed once, otherwise
-// once per row this thread copies -- never per element.  Absent rows are zero-filled; paged
-// kernels also record per key whether its page is present (`present`, read by Mask::apply).
-template <class Tr, bool Is_paged>
-__device__ __forceinline__ void load_kv(u32 sK, u32 sV, unsigned char* present, const int* tbl,
-                                        const FwdParams& p, const SeqInfo& si, int page_shift,
-                                        int n_block, int tidx) {
-  constexpr int kChunks = Tr::kChunks;
-  const u16* k_head = p.k + si.kv_head_off;
-  const u16* v_head = p.v + si.kv_head_off;
-  const int pos0 = n_block * Tr::kBlockN;
-  const int len_k = si.len_k;
-  const i64 row_stride = p.k_row_stride;
-  bool one_page = false;
-  i64 tile_base = -1;
-  if (Is_paged) {
-    one_page = p.page_size % Tr::kBlockN == 0;
-    if (one_page) {
-      const int page = tbl[0];
-      if ((unsigned)page < (unsigned)p.k_rows)
-        tile_base = (i64)page * p.k_page_stride +
-                    (i64)row_in_page(pos0, p.page_size, page_shift) * row_stride;
-    }
-  } else {
-    tile_base = (i64)(si.k_start + pos0) * row_stride;
-  }
-  // Copy (row, chunk) of the tile: offset of the row (or -1: zero-fill).
-  auto copy = [&](int row, int chunk, u32 so, i64 off) {
-    if (Is_paged && chunk == 0) present[row] = pos0 + row >= len_k || off >= 0;
-    const bool ok = off >= 0 && chunk * 8 < p.head_dim;
-    cp_async_16(sK + so, ok ? k_head + off + chunk * 8 : k_head, ok);
-    cp_async_16(sV + so, ok ? v_head + off + chunk * 8 : v_head, ok);
-  };
-  auto row_offset = [&](int row) -> i64 {
-    const int pos = pos0 + row;
-    if (pos >= len_k) return -1;
-    if (!Is_paged || one_page) return tile_base >= 0 ? tile_base + row * row_stride : -1;
-    const int page = tbl[row];
-    if ((unsigned)page >= (unsigned)p.k_rows) return -1;  // absent page: zero-fill + mask
-    return (i64)page * p.k_page_stride +
-           (i64)row_in_page(pos, p.page_size, page_shift) * row_stride;
-  };
-  constexpr bool kFixedChunk =
-      Tr::kNThreads % kChunks == 0 && Tr::kBlockN % (Tr::kNThreads / kChunks) == 0;
-  if constexpr (kFixedChunk) {
-    // Each thread copies one fixed chunk of rows row_t, row_t + kRowsPerPass, ...: its smem
-    // offsets differ by a constant (the swizzle depends on row % 8 only).
-    constexpr int kRowsPerPass = Tr::kNThreads / kChunks;
-    const int chunk = tidx % kChunks, row_t = tidx / kChunks;
-    const u32 so0 = tile_offset<Tr>(row_t, chunk);
+// Issue the cp.async copies of this thread's rows of one K or V tile into smem tile `s`.
+// Invalid rows and the D tail are zero-filled by cp.async's src-size 0 -- predicated, no branch.
+template <class Tr>
+__device__ __forceinline__ void copy_rows(u32 s, const u16* head, const KVRows<Tr>& rows,
+                                          int head_dim, int tidx) {
+  using R = KVRows<Tr>;
+  const int lane_chunk = tidx % R::kThreadsPerRow, row_t = tidx / R::kThreadsPerRow;
+  // This thread's first chunk of row 0; chunk j of a row is a constant 64 j bytes further, an
+  // immediate of the copy instruction -- one 64-bit add per row, not per chunk.
+  const u16* lane_ptr = head + lane_chunk * 8;
 #pragma unroll
-    for (int i = 0; i < Tr::kBlockN / kRowsPerPass; ++i) {
-      const int row = row_t + i * kRowsPerPass;
-      const u32 so = kRowsPerPass % 8 == 0 ? so0 + i * kRowsPerPass * Tr::kRowBytes
-                                           : tile_offset<Tr>(row, chunk);
-      copy(row, chunk, so, row_offset(row));
-    }
-  } else {
-    constexpr int kTotal = Tr::kBlockN * kChunks;
+  for (int i = 0; i < R::kRows; ++i) {
+    const u16* row_ptr = lane_ptr + rows.off[i];
 #pragma unroll
-    for (int i = 0; i < ceil_div(kTotal, Tr::kNThreads); ++i) {
-      const int idx = i * Tr::kNThreads + tidx;
-      if (kTotal % Tr::kNThreads != 0 && idx >= kTotal) break;
-      const int row = idx / kChunks, chunk = idx % kChunks;
-      copy(row, chunk, tile_offset<Tr>(row, chunk), row_offset(row));
+    for (int j = 0; j < R::kChunksPerThread; ++j) {
+      const int chunk = lane_chunk + j * R::kThreadsPerRow;
+      // row % 8 is the same in every pass: the swizzled offset of pass i is pass 0's + const.
+      const u32 so = tile_offset<Tr>(row_t, chunk) + i * R::kRowsPerPass * Tr::kRowBytes;
+      // !ok: src-size 0 reads nothing, so the address needs no select.
+      cp_async_16(s + so, row_ptr + j * R::kThreadsPerRow * 8, rows.ok[i] && chunk * 8 < head_dim);
     }
   }
 }
@@ -168,15 +175,16 @@ constexpr int kQFrags = Tr::kQInRegs ? Tr::kHeadDim / 16 : 1;
 // One key tile: S = Q K^T, transform, (mask), online softmax, O += P V.
 // chunk_off[j]: this lane's ldmatrix offset (row lane%16, swizzled chunk 2j + lane/16) inside
 // a tile; q_base: the warp's first Q row; k_base / v_base: the current K / V stage.
-template <class Tr, class Elem, bool Is_masked, class MaskT, class XformT>
+template <class Tr, class Elem, bool Is_masked, class MaskT, class XformT, class AfterQK>
 __device__ __forceinline__ void attend_tile(float (&acc_o)[Tr::kMRep][Tr::kDTiles][4],
                                             OnlineSoftmax<Tr::kMRep>& softmax,
                                             const u32 (&chunk_off)[Tr::kSwzPeriod],
                                             const u32 (&q_frag)[kQFrags<Tr>][4],
                                             u32 q_base, u32 k_base, u32 v_base,
-                                            const unsigned char* present, const MaskT& mask,
+                                            const int* absent_ids, const MaskT& mask,
                                             const XformT& xform, int lane, int n_block, int row0,
-                                            int col_in_tile0, float c) {
+                                            int col_in_tile0, float c,
+                                            const AfterQK& after_qk) {
   constexpr int kMRep = Tr::kMRep, kNTiles = Tr::kNTiles, kDTiles = Tr::kDTiles;
   constexpr int kP = Tr::kSwzPeriod;
   constexpr int kRow16 = 16 * Tr::kRowBytes;  // bytes of 16 rows
@@ -227,9 +235,14 @@ __device__ __forceinline__ void attend_tile(float (&acc_o)[Tr::kMRep][Tr::kDTile
     for (int kk = 0; kk < Tr::kHeadDim / 16; ++kk) k_step(kk);
   }
 
+  // The next tile's V copies go out here, between the two GEMMs, not with its K copies at the
+  // top of the tile: a burst of all K+V cp.async stalled the ldmatrix of Q K^T behind them
+  // (MIO queue), NOTES.md v3.
+  after_qk();
+
   const int tile_col0 = n_block * Tr::kBlockN;
   xform.apply(s, row0, tile_col0 + col_in_tile0);
-  if constexpr (Is_masked) mask.apply(s, row0, tile_col0, col_in_tile0, present);
+  if constexpr (Is_masked) mask.apply(s, row0, tile_col0, col_in_tile0, absent_ids);
 
   softmax.update(s, acc_o, c);  // s now holds P (fp32)
 
@@ -305,8 +318,8 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
   const u32 sQ = smem_u32(smem);
   const u32 sK0 = sQ + Tr::kSmemQ;
   const u32 sV0 = sK0 + Tr::kStages * Tr::kSmemKV;
-  unsigned char* present0 = smem + Tr::kSmemQ + 2 * Tr::kStages * Tr::kSmemKV;
-  int* tbl0 = reinterpret_cast<int*>(present0 + Tr::kSmemPresent);
+  // Paged: page-id / row-in-page slots (page_slot<Tr>(table0, n)).
+  int* table0 = reinterpret_cast<int*>(smem + Tr::kSmemQ + 2 * Tr::kStages * Tr::kSmemKV);
 
   const LogitTransform<Has_transform> xform(p, bidb, bidh, shift);
   const float c = xform.log2_scale;
@@ -334,16 +347,10 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
 
   if (n_max > n_min) {
     const u32 q_base = sQ + warp_row0 * Tr::kRowBytes;
-    // Paged: page-id slots (tile n uses slot n & 1) and the power-of-two shift of P.
-    const u32 s_tbl0 = smem_u32(tbl0);
-    const int page_shift =
-        Is_paged && (p.page_size & (p.page_size - 1)) == 0 ? __ffs(p.page_size) - 1 : -1;
-
     // Prologue: Q and the last key tile (the one that may need the seqlen / causal mask).
     // Paged: that tile's page ids are fetched first (the one un-hidden table lookup per CTA).
     if constexpr (Is_paged) {
-      prefetch_pages<Tr>(s_tbl0 + ((n_max - 1) & 1) * kBlockN * 4, p, seq, page_shift, n_max - 1,
-                         tidx);
+      prefetch_pages<Tr>(page_slot<Tr>(table0, n_max - 1), p, seq, n_max - 1, tidx);
       cp_async_commit();
       cp_async_wait<0>();
       __syncthreads();
@@ -351,20 +358,16 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
     const u16* q_tile =
         p.q + (i64)(seq.q_start + m0) * p.q_row_stride + (i64)bidh * p.q_head_stride;
     load_q<Tr>(sQ, q_tile, p.q_row_stride, rows_valid, p.head_dim, tidx);
+    // Paged: whether the tile loaded last has a key on an absent page (this thread's rows).
+    bool loaded_absent = false;
     {
-      const int slot = (n_max - 1) & 1;
-      load_kv<Tr, Is_paged>(sK0, sV0, present0 + slot * kBlockN, tbl0 + slot * kBlockN, p, seq,
-                            page_shift, n_max - 1, tidx);
+      const KVRows<Tr> rows = kv_rows<Tr, Is_paged>(page_slot<Tr>(table0, n_max - 1), p, seq,
+                                                     n_max - 1, tidx, loaded_absent);
+      copy_rows<Tr>(sK0, p.k + seq.kv_head_off, rows, p.head_dim, tidx);
+      copy_rows<Tr>(sV0, p.v + seq.kv_head_off, rows, p.head_dim, tidx);
     }
-    // Absent pages of the tile to compute next (warp-uniform; set where the tile is loaded).
-    bool next_absent = false;
-    if constexpr (Is_paged) {
-      next_absent = tile_has_absent_page<Tr>(tbl0 + ((n_max - 1) & 1) * kBlockN, seq.len_k,
-                                             p.k_rows, n_max - 1, lane);
-      if (n_max - 2 >= n_min)
-        prefetch_pages<Tr>(s_tbl0 + ((n_max - 2) & 1) * kBlockN * 4, p, seq, page_shift,
-                           n_max - 2, tidx);
-    }
+    if (Is_paged && n_max - 2 >= n_min)
+      prefetch_pages<Tr>(page_slot<Tr>(table0, n_max - 2), p, seq, n_max - 2, tidx);
     cp_async_commit();
 
     // Key tiles from the last down to the first: the tiles that need masking (seqlen tail,
@@ -374,43 +377,57 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
       cp_async_wait<0>();
       // Barrier: (1) this tile (and Q, and the page ids of tile n_block - 1) have landed --
       // each thread waited for its own copies, the barrier publishes everyone's; (2) every warp
-      // is done with the other stage and page-id slot, which the prefetches below overwrite.
-      __syncthreads();
-      const bool tile_has_absent = next_absent;
+      // is done with the other stage and with the page slot of tile n_block + 2, which the
+      // prefetch below (tile n_block - 2, same slot) overwrites.  Paged: the barrier also ORs
+      // the absent-page flags of this tile's loads (one CTA-wide answer, no extra pass).
+      bool tile_has_absent = false;
+      if constexpr (Is_paged) {
+        tile_has_absent = __syncthreads_or(loaded_absent);
+      } else {
+        __syncthreads();
+      }
       if (Tr::kQInRegs && n_block == n_max - 1) {  // Q landed with the first tile
 #pragma unroll
         for (int kk = 0; kk < kQFrags<Tr>; ++kk)
           ldmatrix_x4(q_frag[kk], q_base + chunk_off[kk % kP] + (kk / kP) * 32 * kP);
       }
-      if (n_block > n_min) {
-        const int slot = (n_block - 1) & 1;
-        load_kv<Tr, Is_paged>(sK0 + (stage ^ 1) * Tr::kSmemKV, sV0 + (stage ^ 1) * Tr::kSmemKV,
-                              present0 + slot * kBlockN, tbl0 + slot * kBlockN, p, seq,
-                              page_shift, n_block - 1, tidx);
-        if constexpr (Is_paged) {
-          next_absent = tile_has_absent_page<Tr>(tbl0 + slot * kBlockN, seq.len_k, p.k_rows,
-                                                 n_block - 1, lane);
-          if (n_block - 2 >= n_min)
-            prefetch_pages<Tr>(s_tbl0 + (n_block & 1) * kBlockN * 4, p, seq, page_shift,
-                               n_block - 2, tidx);
-        }
+      // Tile n_block - 1 into the other stage: K now, V after this tile's Q K^T (after_qk).
+      const bool load_next = n_block > n_min;
+      KVRows<Tr> next{};
+      if (load_next) {
+        loaded_absent = false;
+        next = kv_rows<Tr, Is_paged>(page_slot<Tr>(table0, n_block - 1), p, seq, n_block - 1,
+                                     tidx, loaded_absent);
+        copy_rows<Tr>(sK0 + (stage ^ 1) * Tr::kSmemKV, p.k + seq.kv_head_off, next, p.head_dim,
+                      tidx);
+        if (Is_paged && n_block - 2 >= n_min)
+          prefetch_pages<Tr>(page_slot<Tr>(table0, n_block - 2), p, seq, n_block - 2, tidx);
       }
-      cp_async_commit();
+      auto after_qk = [&]() {
+        if (load_next)
+          copy_rows<Tr>(sV0 + (stage ^ 1) * Tr::kSmemKV, p.v + seq.kv_head_off, next, p.head_dim,
+                        tidx);
+        cp_async_commit();
+      };
 
       const u32 k_base = sK0 + stage * Tr::kSmemKV, v_base = sV0 + stage * Tr::kSmemKV;
-      const unsigned char* present = present0 + (n_block & 1) * kBlockN;
+      // Paged: the tile's page ids when one of its keys sits on an absent page (CTA-uniform),
+      // else null -- the mask then skips the per-key page test.
+      const int* absent_ids = tile_has_absent ? page_slot<Tr>(table0, n_block).ids : nullptr;
       // Re-read from shared memory each tile (cheaper than pinning registers, see SeqInfo).
       const Mask<Is_paged> mask(p, seq.len_k, seq.len_k - seq.len_q);
       const bool need_mask =
-          (Is_paged && tile_has_absent) ||
+          absent_ids != nullptr ||
           mask.template tile_needs_mask<kBlockN>(n_block, m0, m0 + rows_valid - 1);
       if (need_mask) {
-        attend_tile<Tr, Elem, true>(acc_o, softmax, chunk_off, q_frag, q_base, k_base, v_base, present, mask, xform,
-                                    lane, n_block, row0, col_in_tile0, c);
+        attend_tile<Tr, Elem, true>(acc_o, softmax, chunk_off, q_frag, q_base, k_base, v_base,
+                                    absent_ids, mask, xform, lane, n_block, row0, col_in_tile0, c,
+                                    after_qk);
       } else {
         // Iterations that need no masking.
-        attend_tile<Tr, Elem, false>(acc_o, softmax, chunk_off, q_frag, q_base, k_base, v_base, present, mask,
-                                     xform, lane, n_block, row0, col_in_tile0, c);
+        attend_tile<Tr, Elem, false>(acc_o, softmax, chunk_off, q_frag, q_base, k_base, v_base,
+                                     absent_ids, mask, xform, lane, n_block, row0, col_in_tile0,
+                                     c, after_qk);
       }
       stage ^= 1;
     }

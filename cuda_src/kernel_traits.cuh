@@ -51,12 +51,15 @@ struct FwdTraitsBase {
 
   static constexpr int kSmemQ = kBlockM * kRowBytes;
   static constexpr int kSmemKV = kBlockN * kRowBytes;  // one K (or V) tile
-  // Q, K[kStages], V[kStages], then (paged kernels) 2 x kBlockN "page present" bytes and
-  // 2 x kBlockN int page ids (the block-table entries of a tile's rows, prefetched one tile
-  // ahead by cp.async).  Dense kernels carry the ~0.6 KB unused.
-  static constexpr int kSmemPresent = 2 * kBlockN;
-  static constexpr int kSmemTable = 2 * kBlockN * 4;
-  static constexpr int kSmemBytes = kSmemQ + 2 * kStages * kSmemKV + kSmemPresent + kSmemTable;
+  // Q, K[kStages], V[kStages], then (paged kernels) kTblSlots page-id slots and kTblSlots
+  // row-in-page slots of kBlockN ints each: per key row of a tile, its block-table entry
+  // (prefetched by cp.async two tiles ahead of its compute) and its row inside that page.  Tile
+  // n uses slot n % kTblSlots from its prefetch (iteration n + 2) to its mask (iteration n),
+  // so three slots are live at once; four make the slot index a mask.  Dense kernels carry the
+  // ~2 KB unused.
+  static constexpr int kTblSlots = 4;
+  static constexpr int kSmemTable = 2 * kTblSlots * kBlockN * 4;
+  static constexpr int kSmemBytes = kSmemQ + 2 * kStages * kSmemKV + kSmemTable;
 };
 
 template <int kHeadDim>

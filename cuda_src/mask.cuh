@@ -76,9 +76,11 @@ struct LogitTransform {
 template <bool Is_paged>
 struct Mask {
   int len_k, shift, left, right;
+  int num_pages;  // paged: page ids must be below this (p.k_rows)
 
   __device__ Mask(const FwdParams& p, int len_k_, int shift_)
-      : len_k(len_k_), shift(shift_), left(p.window_left), right(p.window_right) {}
+      : len_k(len_k_), shift(shift_), left(p.window_left), right(p.window_right),
+        num_pages(p.k_rows) {}
 
   // Key tiles [n_min, n_max) that rows [row_first, row_last] can see at all; tiles outside are
   // skipped entirely (never loaded).  n_max <= n_min means every row is fully masked.
@@ -107,11 +109,23 @@ struct Mask {
     return need;
   }
 
-  // Set masked logits to -inf.  present: per key of the tile, 0 when its page is absent
-  // (paged caches only; written by the loader into shared memory).
+  // Set masked logits to -inf.  absent_ids (paged caches; null unless the tile has a key on an
+  // absent page): the tile's page id per key, in shared memory; ids outside [0, num_pages)
+  // mask their keys.
   template <int kMRep, int kNTiles>
   __device__ __forceinline__ void apply(float (&s)[kMRep][kNTiles][4], int row0, int tile_col0,
-                                        int col_in_tile0, const unsigned char* present) const {
+                                        int col_in_tile0, const int* absent_ids) const {
+    static_assert(2 * kNTiles <= 32, "one bit per column of this lane");
+    // Bit 2nt+e: column col_in_tile0 + 8nt + e sits on an absent page (warp-uniform test).
+    unsigned absent = 0;
+    if (Is_paged && absent_ids != nullptr) {
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          absent |= unsigned((unsigned)absent_ids[col_in_tile0 + nt * 8 + e] >=
+                             (unsigned)num_pages) << (2 * nt + e);
+    }
 #pragma unroll
     for (int mi = 0; mi < kMRep; ++mi)
 #pragma unroll
@@ -127,10 +141,8 @@ struct Mask {
         for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const int c = col_in_tile0 + nt * 8 + e;  // column inside the tile
-            const int col = tile_col0 + c;
-            bool visible = col <= hi && col >= lo;
-            if (Is_paged) visible = visible && present[c];
+            const int col = tile_col0 + col_in_tile0 + nt * 8 + e;
+            const bool visible = col <= hi && col >= lo && !((absent >> (2 * nt + e)) & 1u);
             if (!visible) s[mi][nt][2 * h + e] = neg_inf();
           }
       }

@@ -143,8 +143,8 @@ class Traits:
     @property
     def smem_bytes(self) -> int:  # same formula as FwdTraitsBase::kSmemBytes
         row = 2 * self.head_dim
-        return (self.block_m * row + 2 * self.stages * self.block_n * row
-                + 2 * self.block_n + 2 * self.block_n * 4)
+        table = 2 * 4 * self.block_n * 4  # kTblSlots = 4 slots of page ids + rows in page
+        return self.block_m * row + 2 * self.stages * self.block_n * row + table
 
     @property
     def cxx(self) -> str:
