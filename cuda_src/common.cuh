@@ -147,6 +147,33 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x;
 }
 
+// Elements of a run-time dtype (the decode combine and the rotary/append kernels serve every
+// dtype from one instantiation).  Codes, as decode.py's _elem_code passes them: 0 float32,
+// 1 float16, 2 bfloat16, 3 float64 (loads only; cvt.rn, as NumPy's astype(float32)).  16-bit
+// stores round to nearest even.
+__device__ __forceinline__ float load_elem(const void* base, i64 i, int type) {
+  switch (type) {
+    case 0: return static_cast<const float*>(base)[i];
+    case 3: return (float)static_cast<const double*>(base)[i];
+    case 2: return __uint_as_float((u32)static_cast<const u16*>(base)[i] << 16);
+    default: {
+      float f;
+      asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<const u16*>(base)[i]));
+      return f;
+    }
+  }
+}
+__device__ __forceinline__ void store_elem(void* base, i64 i, int type, float v) {
+  if (type == 0) {
+    static_cast<float*>(base)[i] = v;
+    return;
+  }
+  u16 b;
+  if (type == 2) asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(v));
+  else asm("cvt.rn.f16.f32 %0, %1;" : "=h"(b) : "f"(v));
+  static_cast<u16*>(base)[i] = b;
+}
+
 __host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }

@@ -370,25 +370,6 @@ struct CombineParams {
   int in_type, out_type;
 };
 
-__device__ __forceinline__ float load_elem(const void* base, i64 i, int type) {
-  if (type == 0) return static_cast<const float*>(base)[i];
-  const u16 b = static_cast<const u16*>(base)[i];
-  if (type == 2) return __uint_as_float((u32)b << 16);
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(b));
-  return f;
-}
-__device__ __forceinline__ void store_elem(void* base, i64 i, int type, float v) {
-  if (type == 0) {
-    static_cast<float*>(base)[i] = v;
-    return;
-  }
-  u16 b;
-  if (type == 2) asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(v));
-  else asm("cvt.rn.f16.f32 %0, %1;" : "=h"(b) : "f"(v));
-  static_cast<u16*>(base)[i] = b;
-}
-
 __device__ void combine_states(const CombineParams& c) {
   const i64 pair = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;

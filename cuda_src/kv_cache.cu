@@ -48,30 +48,6 @@ struct RopeAppendParams {
   int elem_type;         // 0 f32, 1 f16, 2 bf16 (data)
 };
 
-__device__ __forceinline__ float rope_load(const void* base, i64 i, int type) {
-  switch (type) {
-    case 0: return static_cast<const float*>(base)[i];
-    case 3: return (float)static_cast<const double*>(base)[i];  // cvt.rn: numpy's astype(float32)
-    case 2: return __uint_as_float((u32)static_cast<const u16*>(base)[i] << 16);
-    default: {
-      float f;
-      asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<const u16*>(base)[i]));
-      return f;
-    }
-  }
-}
-
-__device__ __forceinline__ void rope_store(void* base, i64 i, int type, float v) {
-  if (type == 0) {
-    static_cast<float*>(base)[i] = v;
-    return;
-  }
-  u16 b;
-  if (type == 2) asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(v));
-  else asm("cvt.rn.f16.f32 %0, %1;" : "=h"(b) : "f"(v));
-  static_cast<u16*>(base)[i] = b;
-}
-
 __device__ __forceinline__ void copy_elem(const void* s, i64 si, void* d, i64 di, int type) {
   if (type == 0) static_cast<u32*>(d)[di] = static_cast<const u32*>(s)[si];
   else static_cast<u16*>(d)[di] = static_cast<const u16*>(s)[si];
@@ -130,14 +106,14 @@ __device__ void rope_append(const RopeAppendParams& p) {
     } else {
       first = d < p.rot_half; pair = first ? d : d - p.rot_half; partner = first ? d + p.rot_half : pair;
     }
-    const float c = rope_load(p.cos, rpos * p.cos_row_stride + pair, p.cs_type);
-    const float sn = rope_load(p.sin, rpos * p.sin_row_stride + pair, p.cs_type);
-    const float x = rope_load(src, soff + d, p.elem_type);
-    const float y = rope_load(src, soff + partner, p.elem_type);
+    const float c = load_elem(p.cos, rpos * p.cos_row_stride + pair, p.cs_type);
+    const float sn = load_elem(p.sin, rpos * p.sin_row_stride + pair, p.cs_type);
+    const float x = load_elem(src, soff + d, p.elem_type);
+    const float y = load_elem(src, soff + partner, p.elem_type);
     // first: x1 * c - x2 * s (x1 = x, x2 = y); second: x2 * c + x1 * s (x2 = x, x1 = y).
     const float v = first ? __fsub_rn(__fmul_rn(x, c), __fmul_rn(y, sn))
                           : __fadd_rn(__fmul_rn(x, c), __fmul_rn(y, sn));
-    rope_store(dst, doff + d, p.elem_type, v);
+    store_elem(dst, doff + d, p.elem_type, v);
   }
 }
 

@@ -51,3 +51,77 @@ def ptr(a):
 
 def window(w: int) -> int:
     return -1 if w < 0 else min(int(w), WINDOW_CAP)
+
+
+#: ``len_q_max`` that serves every sequence.
+INT_MAX = 2**31 - 1
+
+
+class Operands:
+    """The arrays one forward launch (prefill or decode) reads and writes, adapted for the kernel:
+    q/k/v cast to the compute dtype and zero-padded to a multiple of 8 in D when needed, copied
+    when not 16-byte aligned (k and v must share strides), and temporaries for ``out`` / the LSE
+    when the caller's cannot be written directly.  :meth:`finish` copies the temporaries back.
+
+    Each adaptation costs a copy and happens only when needed (see ``launch.py``'s docstring)."""
+
+    def __init__(self, p, compute_dtype):
+        import cupy
+
+        self.problem = p
+        self.head_dim = d = p.head_dim
+        self.head_dim8 = d8 = -(-d // 8) * 8
+        q, k, v, out = p.q, p.k, p.v, p.out
+        if d8 != d or q.dtype != compute_dtype:
+            q, k, v = (pad_last(a, d8, compute_dtype) for a in (q, k, v))
+        if not aligned(q):
+            q = cupy.ascontiguousarray(q)
+        if not (aligned(k) and aligned(v) and k.strides == v.strides):
+            k, v = cupy.ascontiguousarray(k), cupy.ascontiguousarray(v)
+        o = out
+        if d8 != d or out.dtype != compute_dtype or not aligned(out):
+            o = cupy.empty(out.shape[:-1] + (d8,), dtype=compute_dtype)
+        lse = p.softmax_lse
+        self.lse_is_temporary = lse.ndim != 2 or lse.strides[-1] != 4
+        if self.lse_is_temporary:
+            lse = cupy.empty((p.num_heads, p.total_q), dtype=np.float32)
+        self.q, self.k, self.v, self.o, self.lse = q, k, v, o, lse
+
+    def fwd_params(self, len_q_min: int = 0, len_q_max: int = INT_MAX) -> tuple:
+        """The flat ``fa::FwdParams`` arguments, in ``compile.PARAMS`` order."""
+        p, q, k, v, o, lse = self.problem, self.q, self.k, self.v, self.o, self.lse
+        if p.paged:
+            k_page, k_row, k_head = elem_stride(k, 0), elem_stride(k, 1), elem_stride(k, 2)
+            table = p.block_table
+            table_stride, max_blocks = elem_stride(table, 0), int(table.shape[1])
+            page_size = int(p.page_block_size)
+        else:
+            k_page, k_row, k_head = np.int64(0), elem_stride(k, 0), elem_stride(k, 1)
+            table, table_stride, max_blocks, page_size = None, np.int64(0), 0, 0
+        alibi = p.alibi_slopes
+        a_b, a_h = (elem_stride(alibi, 0), elem_stride(alibi, 1)) if alibi is not None else (0, 0)
+        H, Hk = p.num_heads, p.num_heads_k
+        return (
+            q, k, v, o, lse,
+            ptr(p.cu_seqlens_q), ptr(p.cu_seqlens_k), ptr(p.seqused_k),
+            ptr(p.cache_batch_idx), ptr(p.leftpad_k), ptr(table), ptr(alibi),
+            elem_stride(q, 0), elem_stride(q, 1),
+            k_row, k_head, k_page,
+            elem_stride(o, 0), elem_stride(o, 1),
+            np.int64(lse.strides[0] // 4),
+            np.int32(a_b), np.int32(a_h), np.int32(table_stride),
+            np.int32(p.batch_size), np.int32(p.seqlen_q), np.int32(p.seqlen_k),
+            np.int32(p.total_q), np.int32(k.shape[0]), np.int32(H), np.int32(H // Hk),
+            np.int32(self.head_dim8), np.int32(page_size), np.int32(max_blocks),
+            np.int32(window(p.window_left)), np.int32(window(p.window_right)),
+            np.float32(p.softmax_scale), np.float32(p.softcap if p.softcap > 0 else 0.0),
+            np.int32(len_q_min), np.int32(len_q_max),
+        )  # fmt: skip
+
+    def finish(self) -> None:
+        """Copy the temporaries (output, LSE) into the caller's arrays."""
+        p = self.problem
+        if self.o is not p.out:
+            p.out[...] = self.o[..., : self.head_dim].astype(p.out.dtype, copy=False)
+        if self.lse_is_temporary:
+            p.softmax_lse[...] = self.lse.reshape(p.softmax_lse.shape)

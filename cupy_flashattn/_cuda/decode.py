@@ -30,12 +30,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..problem import AttentionProblem
-from .args import aligned as _aligned
+from .args import INT_MAX, Operands
 from .args import bf16_dtype as _bf16
 from .args import elem_stride as _es
-from .args import pad_last as _pad_last
 from .args import ptr as _ptr
-from .args import window as _window
 from .compile import NVRTC_OPTIONS, PARAMS
 from .source import build_source
 
@@ -302,8 +300,6 @@ def num_splits_heuristic(ctas: int, max_seqlen_k: int, num_sms: int, ctas_per_sm
 # -- launch ---------------------------------------------------------------------------------
 
 
-
-
 def _elem_code(dtype) -> int:
     dtype = np.dtype(dtype)
     if dtype == np.float32:
@@ -327,7 +323,6 @@ def _elem_code(dtype) -> int:
 
 
 
-_INT_MAX = 2**31 - 1
 
 
 def plan(problem: AttentionProblem, len_q_max=None):
@@ -361,40 +356,11 @@ def run_decode(problem: AttentionProblem, len_q_max=None) -> None:
 
     p = problem
     key, m_blocks, splits = plan(p, len_q_max)
-    d = p.head_dim
-    d8 = -(-d // 8) * 8
-    cdtype = np.dtype(np.float16) if key.dtype == "f16" else _bf16()
-
-    q, k, v, out = p.q, p.k, p.v, p.out
-    if d8 != d or q.dtype != cdtype:
-        q, k, v = _pad_last(q, d8, cdtype), _pad_last(k, d8, cdtype), _pad_last(v, d8, cdtype)
-    if not _aligned(q):
-        q = cupy.ascontiguousarray(q)
-    if not (_aligned(k) and _aligned(v) and k.strides == v.strides):
-        k, v = cupy.ascontiguousarray(k), cupy.ascontiguousarray(v)
-    o = out
-    if d8 != d or out.dtype != cdtype or not _aligned(out):
-        o = cupy.empty(out.shape[:-1] + (d8,), dtype=cdtype)
-    lse = p.softmax_lse
-    lse_tmp = lse.ndim != 2 or lse.strides[-1] != 4
-    if lse_tmp:
-        lse = cupy.empty((p.num_heads, p.total_q), dtype=np.float32)
-
-    H, Hk, total_q = p.num_heads, p.num_heads_k, p.total_q
-    if p.paged:
-        k_page, k_row, k_head = _es(k, 0), _es(k, 1), _es(k, 2)
-        table = p.block_table
-        table_stride, max_blocks, page_size = _es(table, 0), int(table.shape[1]), int(p.page_block_size)
-    else:
-        k_page, k_row, k_head = np.int64(0), _es(k, 0), _es(k, 1)
-        table, table_stride, max_blocks, page_size = None, np.int64(0), 0, 0
-    k_rows = int(k.shape[0])
-    alibi = p.alibi_slopes
-    a_b, a_h = (_es(alibi, 0), _es(alibi, 1)) if alibi is not None else (np.int64(0), np.int64(0))
-
+    ops = Operands(p, np.dtype(np.float16) if key.dtype == "f16" else _bf16())
+    H, Hk, total_q, d8 = p.num_heads, p.num_heads_k, p.total_q, ops.head_dim8
     grid = (splits * m_blocks, Hk, int(p.batch_size))
     if not (total_q > 0 and p.batch_size > 0 and p.max_seqlen_q > 0):
-        _finish(p, out, o, d, lse, lse_tmp)
+        ops.finish()
         return
     if splits > 1:
         oacc = cupy.empty((splits, total_q, H, d8), dtype=np.float32)
@@ -405,23 +371,12 @@ def run_decode(problem: AttentionProblem, len_q_max=None) -> None:
             lacc = cupy.empty((splits, H, total_q), dtype=np.float32)
     else:
         oacc = lacc = None
-    args = (
-        q, k, v, o, lse,
-        _ptr(p.cu_seqlens_q), _ptr(p.cu_seqlens_k), _ptr(p.seqused_k),
-        _ptr(p.cache_batch_idx), _ptr(p.leftpad_k), _ptr(table), _ptr(alibi),
-        _es(q, 0), _es(q, 1), k_row, k_head, k_page, _es(o, 0), _es(o, 1),
-        np.int64(lse.strides[0] // 4),
-        np.int32(a_b), np.int32(a_h), np.int32(table_stride),
-        np.int32(p.batch_size), np.int32(p.seqlen_q), np.int32(p.seqlen_k),
-        np.int32(total_q), np.int32(k_rows), np.int32(H), np.int32(H // Hk),
-        np.int32(d8), np.int32(page_size), np.int32(max_blocks),
-        np.int32(_window(p.window_left)), np.int32(_window(p.window_right)),
-        np.float32(p.softmax_scale), np.float32(p.softcap if p.softcap > 0 else 0.0),
-        np.int32(0), np.int32(_INT_MAX if len_q_max is None else len_q_max),
+    args = ops.fwd_params(len_q_max=INT_MAX if len_q_max is None else len_q_max) + (
         _ptr(oacc), _ptr(lacc), np.int32(splits), np.int32(m_blocks), np.int32(1 if p.paged else 0),
     )  # fmt: skip
     _decode_kernel(key)(grid, (DECODE_THREADS,), args, shared_mem=smem_bytes(key.head_dim))
     if splits > 1:
+        o, lse = ops.o, ops.lse
         _combine(
             oacc, lacc, o, lse, splits=splits, rows=total_q, heads=H, head_dim=d8,
             o_split=total_q * H * d8, o_row=H * d8, o_head=d8,
@@ -430,14 +385,7 @@ def run_decode(problem: AttentionProblem, len_q_max=None) -> None:
             lse_out_rows=total_q, lse_out_batch=0, lse_out_head=int(lse.strides[0] // 4),
             in_type=0, out_type=_elem_code(o.dtype),
         )
-    _finish(p, out, o, d, lse, lse_tmp)
-
-
-def _finish(p, out, o, d, lse, lse_tmp):
-    if o is not out:
-        out[...] = o[..., :d].astype(out.dtype, copy=False)
-    if lse_tmp:
-        p.softmax_lse[...] = lse.reshape(p.softmax_lse.shape)
+    ops.finish()
 
 
 def _combine(o_in, lse_in, o_out, lse_out, *, splits, rows, heads, head_dim, o_split, o_row, o_head,

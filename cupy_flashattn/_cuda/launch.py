@@ -22,12 +22,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..problem import AttentionProblem
+from .args import Operands
 from .args import aligned as _aligned
 from .args import bf16_dtype as _bf16
-from .args import elem_stride as _estride
-from .args import pad_last as _pad_last
-from .args import ptr as _ptr
-from .args import window as _window
 from .compile import KernelKey, bucket_for, get_kernel, traits
 
 __all__ = ["run_attention", "is_available", "select_kernel"]
@@ -99,71 +96,14 @@ def needs_temporaries(problem: AttentionProblem) -> bool:
 def run_attention(problem: AttentionProblem, len_q_min: int = 0) -> None:
     """Fill ``problem.out`` and ``problem.softmax_lse`` on the current CuPy stream.  With
     ``len_q_min``, only sequences of at least that many queries are served (mixed batch)."""
-    import cupy
 
     p = problem
     key = select_kernel(p)
     tr = traits(key.head_dim)
-    d = p.head_dim
-    d8 = -(-d // 8) * 8
-    cdtype = np.dtype(np.float16) if key.dtype == "f16" else _bf16()
-
-    q, k, v, out = p.q, p.k, p.v, p.out
-    if d8 != d or q.dtype != cdtype:
-        q = _pad_last(q, d8, cdtype)
-        k = _pad_last(k, d8, cdtype)
-        v = _pad_last(v, d8, cdtype)
-    if not _aligned(q):
-        q = cupy.ascontiguousarray(q)
-    if not (_aligned(k) and _aligned(v) and k.strides == v.strides):
-        k, v = cupy.ascontiguousarray(k), cupy.ascontiguousarray(v)
-    o = out
-    if d8 != d or out.dtype != cdtype or not _aligned(out):
-        o = cupy.empty(out.shape[:-1] + (d8,), dtype=cdtype)
-    lse = p.softmax_lse
-    lse_tmp = lse.strides[-1] != 4 if lse.ndim == 2 else True
-    if lse_tmp:
-        lse = cupy.empty((p.num_heads, p.total_q), dtype=np.float32)
-
-    H, Hk = p.num_heads, p.num_heads_k
-    if p.paged:
-        k_page, k_row, k_head = _estride(k, 0), _estride(k, 1), _estride(k, 2)
-        k_rows = int(k.shape[0])  # number of pages
-        table = p.block_table
-        table_stride, max_blocks = _estride(table, 0), int(table.shape[1])
-        page_size = int(p.page_block_size)
-    else:
-        k_page, k_row, k_head = np.int64(0), _estride(k, 0), _estride(k, 1)
-        k_rows = int(k.shape[0])
-        table, table_stride, max_blocks, page_size = None, np.int64(0), 0, 0
-    alibi = p.alibi_slopes
-    if alibi is not None:
-        a_b, a_h = _estride(alibi, 0), _estride(alibi, 1)
-    else:
-        a_b = a_h = np.int64(0)
-
-    args = (
-        q, k, v, o, lse,
-        _ptr(p.cu_seqlens_q), _ptr(p.cu_seqlens_k), _ptr(p.seqused_k),
-        _ptr(p.cache_batch_idx), _ptr(p.leftpad_k), _ptr(table), _ptr(alibi),
-        _estride(q, 0), _estride(q, 1),
-        k_row, k_head, k_page,
-        _estride(o, 0), _estride(o, 1),
-        np.int64(lse.strides[0] // 4),
-        np.int32(a_b), np.int32(a_h), np.int32(table_stride),
-        np.int32(p.batch_size), np.int32(p.seqlen_q), np.int32(p.seqlen_k),
-        np.int32(p.total_q), np.int32(k_rows), np.int32(H), np.int32(H // Hk),
-        np.int32(d8), np.int32(page_size), np.int32(max_blocks),
-        np.int32(_window(p.window_left)), np.int32(_window(p.window_right)),
-        np.float32(p.softmax_scale), np.float32(p.softcap if p.softcap > 0 else 0.0),
-        np.int32(len_q_min), np.int32(2**31 - 1),
-    )  # fmt: skip
-    grid = (-(-int(p.max_seqlen_q) // tr.block_m), H, int(p.batch_size))
+    ops = Operands(p, np.dtype(np.float16) if key.dtype == "f16" else _bf16())
+    grid = (-(-int(p.max_seqlen_q) // tr.block_m), p.num_heads, int(p.batch_size))
     if grid[0] > 0 and grid[2] > 0 and p.total_q > 0:
         kern = get_kernel(key)
-        kern(grid, (tr.num_threads,), args, shared_mem=tr.smem_bytes)
-
-    if o is not out:
-        out[...] = o[..., :d].astype(out.dtype, copy=False)
-    if lse_tmp:
-        p.softmax_lse[...] = lse.reshape(p.softmax_lse.shape)
+        kern(grid, (tr.num_threads,), ops.fwd_params(len_q_min=len_q_min),
+             shared_mem=tr.smem_bytes)
+    ops.finish()
