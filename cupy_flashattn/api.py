@@ -113,8 +113,7 @@ def _tokens(a, rows: int):
 def _common_checks(q, k, v, dropout_p, softmax_scale, window_size, softcap):
     """Checks shared by all entry points; returns (xp, q, k, v) with foreign GPU arrays adopted."""
     q, k, v = adopt(q), adopt(k), adopt(v)
-    xp = validate.array("q", q)
-    validate.same_backend(xp, k=k, v=v)
+    xp = validate.same_library(q=q, k=k, v=v)
     validate.dtype_supported("q", q, xp)
     validate.same_dtype("q", q, k=k, v=v)
     for name, a in (("q", q), ("k", k), ("v", v)):

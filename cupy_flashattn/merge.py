@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._arrays import BFLOAT16, array_module, dtype_name
-from .errors import DeviceError, DTypeError, ShapeError, explain
+from ._arrays import BFLOAT16, dtype_name
+from .errors import DTypeError, ShapeError, explain
+from .validate import same_library
 
 __all__ = ["merge_attention_states"]
 
@@ -97,7 +98,7 @@ def _row_weights(w, out_ndim: int):
 def _check(out_a, lse_a, out_b, lse_b):
     """Validate the four arrays; return their array module."""
     arrays = {"out_a": out_a, "lse_a": lse_a, "out_b": out_b, "lse_b": lse_b}
-    xp = _same_library(arrays)
+    xp = same_library(**arrays)
     if out_a.ndim not in (3, 4):
         raise explain(
             ShapeError, "out_a", "must be varlen (total, H, D) or dense (B, S, H, D)",
@@ -131,33 +132,6 @@ def _check(out_a, lse_a, out_b, lse_b):
             DTypeError, "out_b", "must have out_a's dtype", dtype_name(out_a.dtype),
             dtype_name(out_b.dtype), "cast with out_b.astype(out_a.dtype)",
         )
-    return xp
-
-
-def _same_library(arrays):
-    libs = {}
-    for name, a in arrays.items():
-        xp = array_module(a)
-        if xp is None:
-            raise explain(
-                DTypeError, name, "must be an array", "a NumPy or CuPy array", type(a).__name__,
-                f"convert with numpy.asarray({name}) or cupy.asarray({name})",
-            )
-        libs.setdefault(xp, name)
-    if len(libs) > 1:
-        (xa, na), (xb, nb) = list(libs.items())[:2]
-        raise explain(
-            DeviceError, nb, f"mixes array libraries with {na}", f"a {xa.__name__} array like {na}",
-            f"a {xb.__name__} array", f"move it with {xa.__name__}.asarray({nb})",
-        )
-    xp = next(iter(libs))
-    if xp is not np:
-        devices = {name: a.device.id for name, a in arrays.items()}
-        if len(set(devices.values())) > 1:
-            raise explain(
-                DeviceError, "out_b", "the four arrays are on different GPUs", "one device",
-                devices, "copy them to one device under `with cupy.cuda.Device(i):`",
-            )
     return xp
 
 

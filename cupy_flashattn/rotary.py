@@ -19,7 +19,8 @@ import functools
 import numpy as np
 
 from ._arrays import BFLOAT16, array_module, dtype_name
-from .errors import BlockTableError, DeviceError, DTypeError, SeqlenError, ShapeError, explain
+from .errors import BlockTableError, DTypeError, SeqlenError, ShapeError, explain
+from .validate import same_library
 
 __all__ = ["append_kv_contiguous", "append_kv_paged", "apply_rotary", "rotate_and_append"]
 
@@ -54,7 +55,7 @@ def apply_rotary(x, cos, sin, positions, interleaved=False):
         Positions outside ``[0, seqlen_ro)`` raise ``SeqlenError`` on NumPy and are left
         unrotated on CuPy (see the module docstring).
     """
-    xp = _same_library(x=x, cos=cos, sin=sin, positions=positions)
+    xp = same_library(x=x, cos=cos, sin=sin, positions=positions)
     half = _check_rotary(x, cos, sin, positions)
     if xp is not np and np.dtype(x.dtype) in _KERNEL_DATA:
         # One fused kernel (kv_cache.cu), bit-identical to the code below.
@@ -158,7 +159,7 @@ def append_kv_contiguous(k_cache, v_cache, k_new, v_new, cache_seqlens, cache_ba
     B, S_new = int(k_new.shape[0]), int(k_new.shape[1])
     B_cache, S_cache = int(k_cache.shape[0]), int(k_cache.shape[1])
     if xp is not np and cache_batch_idx is not None:
-        _same_library(k_cache=k_cache, cache_batch_idx=cache_batch_idx)
+        same_library(k_cache=k_cache, cache_batch_idx=cache_batch_idx)
         _index("cache_batch_idx", cache_batch_idx, (B,), f"(B,) = ({B},), one row per sequence")
     if xp is not np and _kernel_append(xp, k_cache, v_cache, k_new, v_new, cache_seqlens, 1,
                                        batch_idx=cache_batch_idx):
@@ -166,7 +167,7 @@ def append_kv_contiguous(k_cache, v_cache, k_new, v_new, cache_seqlens, cache_ba
     if cache_batch_idx is None:
         rows = xp.arange(B, dtype=np.int64)
     else:
-        _same_library(k_cache=k_cache, cache_batch_idx=cache_batch_idx)
+        same_library(k_cache=k_cache, cache_batch_idx=cache_batch_idx)
         _index("cache_batch_idx", cache_batch_idx, (B,), f"(B,) = ({B},), one row per sequence")
         rows = cache_batch_idx.astype(np.int64)
     pos = cache_seqlens.astype(np.int64)[:, None] + xp.arange(S_new, dtype=np.int64)[None, :]
@@ -201,7 +202,7 @@ def append_kv_paged(k_pages, v_pages, block_table, k_new, v_new, cache_seqlens):
     xp = _check_append(k_pages, v_pages, k_new, v_new, cache_seqlens, "k_pages", "v_pages")
     B, S_new = int(k_new.shape[0]), int(k_new.shape[1])
     num_blocks, P = int(k_pages.shape[0]), int(k_pages.shape[1])
-    _same_library(k_pages=k_pages, block_table=block_table)
+    same_library(k_pages=k_pages, block_table=block_table)
     _index("block_table", block_table, None, f"(B, max_blocks_per_seq) with B = {B}", ndim=2)
     if block_table.shape[0] != B or block_table.shape[1] < 1:
         raise explain(
@@ -306,8 +307,8 @@ def rotate_and_append(q, k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=N
 
 def _check_append(k_cache, v_cache, k_new, v_new, cache_seqlens, k_name, v_name):
     """Shapes, dtypes and library of an append; returns the array module."""
-    xp = _same_library(**{k_name: k_cache, v_name: v_cache, "k_new": k_new, "v_new": v_new,
-                          "cache_seqlens": cache_seqlens})
+    xp = same_library(**{k_name: k_cache, v_name: v_cache, "k_new": k_new, "v_new": v_new,
+                         "cache_seqlens": cache_seqlens})
     for name, a in ((k_name, k_cache), (v_name, v_cache)):
         _rank(name, a, 4, "(rows, S_cache or page_block_size, Hk, D)")
     for name, a in (("k_new", k_new), ("v_new", v_new)):
@@ -413,35 +414,6 @@ def _page_error(pages, col, num_blocks):
 
 
 # -- small checks -------------------------------------------------------------------------------
-
-
-def _same_library(**arrays):
-    """All arrays are NumPy, or all are CuPy on one device; returns the module."""
-    first_name, first_xp, device = None, None, None
-    for name, a in arrays.items():
-        xp = array_module(a)
-        if xp is None:
-            raise explain(
-                DTypeError, name, "must be an array", "a NumPy or CuPy array", type(a).__name__,
-                f"convert with numpy.asarray({name}) or cupy.asarray({name})",
-            )
-        if first_xp is None:
-            first_name, first_xp = name, xp
-        elif xp is not first_xp:
-            raise explain(
-                DeviceError, name, f"mixes array libraries with {first_name}",
-                f"a {first_xp.__name__} array like {first_name}", f"a {xp.__name__} array",
-                f"move it with {first_xp.__name__}.asarray({name})",
-            )
-        if xp is not np:
-            if device is None:
-                device = a.device.id
-            elif a.device.id != device:
-                raise explain(
-                    DeviceError, name, f"is on another GPU than {first_name}", f"device {device}",
-                    f"device {a.device.id}", f"copy it under `with cupy.cuda.Device({device}):`",
-                )
-    return first_xp
 
 
 def _rank(name, a, ndim, layout):

@@ -58,28 +58,45 @@ def array(name: str, a):
     return xp
 
 
-def same_backend(xp, **arrays):
-    """All given arrays live in the same library (and, for CuPy, on the same device)."""
-    device = None
+def same_library(**arrays):
+    """The given arrays (None skipped) are all NumPy, or all CuPy on one GPU; returns their array
+    module.  Messages name the first array as the reference, so pass the one the user thinks of
+    as the anchor (q, out_a, x, the cache) first."""
+    ref_name, ref_xp, device = None, None, None
     for name, a in arrays.items():
         if a is None:
             continue
-        other = array(name, a)
-        if other is not xp:
+        xp = array(name, a)
+        if ref_xp is None:
+            ref_name, ref_xp = name, xp
+        elif xp is not ref_xp:
             raise explain(
-                DeviceError, name, "mixes array libraries with q",
-                f"a {xp.__name__} array like q", f"a {other.__name__} array",
-                f"move {name} with {xp.__name__}.asarray(...) so every array lives where q does",
+                DeviceError, name, f"mixes array libraries with {ref_name}",
+                f"a {ref_xp.__name__} array like {ref_name}", f"a {xp.__name__} array",
+                f"move {name} with {ref_xp.__name__}.asarray(...) so every array lives where "
+                f"{ref_name} does",
             )
         if xp is not np:
-            dev = a.device.id
             if device is None:
-                device = dev
-            elif dev != device:
+                device = a.device.id
+            elif a.device.id != device:
                 raise explain(
-                    DeviceError, name, "is on another GPU than q", f"device {device}",
-                    f"device {dev}", f"copy it under `with cupy.cuda.Device({device}):`",
+                    DeviceError, name, f"is on another GPU than {ref_name}", f"device {device}",
+                    f"device {a.device.id}", f"copy it under `with cupy.cuda.Device({device}):`",
                 )
+    return ref_xp
+
+
+def same_backend(xp, **arrays):
+    """The given arrays (None skipped) live in ``xp``, q's library, and on one GPU."""
+    for name, a in arrays.items():
+        if a is not None and array(name, a) is not xp:
+            raise explain(
+                DeviceError, name, "mixes array libraries with q",
+                f"a {xp.__name__} array like q", f"a {array(name, a).__name__} array",
+                f"move {name} with {xp.__name__}.asarray(...) so every array lives where q does",
+            )
+    same_library(**arrays)
 
 
 def dtype_supported(name: str, a, xp):
