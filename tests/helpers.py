@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+import pytest
 
 from cupy_flashattn.reference import attention_ref
 
@@ -15,8 +16,42 @@ DTYPES = [np.dtype(np.float16), BF16, np.dtype(np.float32), np.dtype(np.float64)
 EPS = {np.dtype(np.float16): 2e-3, BF16: 1.6e-2, np.dtype(np.float32): 2e-5, np.dtype(np.float64): 1e-10}
 
 
+def require_nvrtc() -> None:
+    """Skip the calling test module unless CuPy's NVRTC can compile (no GPU needed; CI installs
+    cupy-cuda12x with its NVRTC wheel)."""
+    pytest.importorskip("cupy", reason="cupy is not installed: cannot run NVRTC")
+    try:
+        from cupy.cuda import nvrtc
+
+        nvrtc.getVersion()
+    except Exception as exc:  # pragma: no cover - depends on the environment
+        pytest.skip(f"NVRTC is not usable ({exc!r}); install nvidia-cuda-nvrtc-cu12",
+                    allow_module_level=True)
+
+
 def randn(rng, shape, dtype):
     return rng.standard_normal(shape).astype(dtype)
+
+
+def scatter_into_pages(rng, keys, values, P, dtype, spare_blocks=2, min_pages=0):
+    """A paged pool holding sequence b's ``keys[b]`` / ``values[b]`` ((n_b, Hk, D) each) on pages
+    in a random order, plus ``spare_blocks`` unused pages; everything not written (spare pages,
+    the tail of each last page) is random junk the kernel must never read.  Sequences get at
+    least ``min_pages`` table entries.  Returns (k_pages, v_pages, block_table)."""
+    Hk, D = keys[0].shape[1:]
+    pages = [max(min_pages, -(-len(k) // P)) for k in keys]
+    perm = rng.permutation(sum(pages) + spare_blocks).astype(np.int32)
+    k_pages = randn(rng, (len(perm), P, Hk, D), dtype)
+    v_pages = randn(rng, (len(perm), P, Hk, D), dtype)
+    table = np.zeros((len(keys), max(1, max(pages))), np.int32)
+    nxt = 0
+    for b, (k, v) in enumerate(zip(keys, values)):
+        table[b, : pages[b]] = perm[nxt : nxt + pages[b]]
+        nxt += pages[b]
+        pos = np.arange(len(k))
+        k_pages[table[b, pos // P], pos % P] = k
+        v_pages[table[b, pos // P], pos % P] = v
+    return k_pages, v_pages, table
 
 
 def to_np(a):

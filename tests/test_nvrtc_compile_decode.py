@@ -10,13 +10,9 @@ import functools
 
 import pytest
 
-cupy = pytest.importorskip("cupy", reason="cupy is not installed: cannot run NVRTC")
-try:
-    from cupy.cuda import nvrtc
+from helpers import require_nvrtc
 
-    nvrtc.getVersion()
-except Exception as exc:  # pragma: no cover - depends on the environment
-    pytest.skip(f"NVRTC is not usable ({exc!r}); install nvidia-cuda-nvrtc-cu12", allow_module_level=True)
+require_nvrtc()
 
 from cupy_flashattn._cuda import compile as cc  # noqa: E402
 from cupy_flashattn._cuda import decode as dc  # noqa: E402

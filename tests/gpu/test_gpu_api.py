@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 import cupy_flashattn as fa
-from helpers import BF16, assert_lse_close, assert_within_bound, randn, ref_and_naive, rotary_ref
+from helpers import (
+    BF16, assert_lse_close, assert_within_bound, randn, ref_and_naive, rotary_ref, scatter_into_pages,
+)
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
@@ -50,19 +52,8 @@ def test_paged_varlen_api(P):
     q = randn(rng, (int(cu_q[-1]), H, D), dtype)
     keys = [randn(rng, (n, Hk, D), dtype) for n in lens_k]
     values = [randn(rng, (n, Hk, D), dtype) for n in lens_k]
-    pages = [max(1, -(-n // P)) for n in lens_k]
-    num_blocks = sum(pages) + 2
-    perm = rng.permutation(num_blocks).astype(np.int32)
-    k_pages = randn(rng, (num_blocks, P, Hk, D), dtype)
-    v_pages = randn(rng, (num_blocks, P, Hk, D), dtype)
-    table = np.zeros((4, max(pages)), np.int32)
-    nxt = 0
-    for b, n in enumerate(lens_k):
-        table[b, : pages[b]] = perm[nxt : nxt + pages[b]]
-        nxt += pages[b]
-        pos = np.arange(n)
-        k_pages[table[b, pos // P], pos % P] = keys[b]
-        v_pages[table[b, pos // P], pos % P] = values[b]
+    k_pages, v_pages, table = scatter_into_pages(rng, keys, values, P, dtype, spare_blocks=2,
+                                                 min_pages=1)
     for causal in (False, True):
         out = _poisoned(q.shape, dtype)
         _, lse = fa.flash_attn_varlen_func(

@@ -8,7 +8,7 @@ import pytest
 
 import cupy_flashattn as fa
 from cupy_flashattn import _cuda
-from helpers import BF16, assert_lse_close, assert_within_bound, randn, ref_and_naive
+from helpers import BF16, assert_lse_close, assert_within_bound, randn, ref_and_naive, scatter_into_pages
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
@@ -30,18 +30,7 @@ def test_mixed_prefill_and_decode(H, Hk, P, causal):
     q = randn(rng, (int(cu_q[-1]), H, D), dtype)
     keys = [randn(rng, (n, Hk, D), dtype) for n in lens_k]
     values = [randn(rng, (n, Hk, D), dtype) for n in lens_k]
-    pages = [-(-n // P) for n in lens_k]
-    perm = rng.permutation(sum(pages) + 3).astype(np.int32)
-    k_pages = randn(rng, (len(perm), P, Hk, D), dtype)
-    v_pages = randn(rng, (len(perm), P, Hk, D), dtype)
-    table = np.zeros((B, max(pages)), np.int32)
-    nxt = 0
-    for b, n in enumerate(lens_k):
-        table[b, : pages[b]] = perm[nxt : nxt + pages[b]]
-        nxt += pages[b]
-        pos = np.arange(n)
-        k_pages[table[b, pos // P], pos % P] = keys[b]
-        v_pages[table[b, pos // P], pos % P] = values[b]
+    k_pages, v_pages, table = scatter_into_pages(rng, keys, values, P, dtype, spare_blocks=3)
     problem_out = cp.full(q.shape, np.nan, dtype=dtype)
     _, lse = fa.flash_attn_varlen_func(
         cp.asarray(q), cp.asarray(k_pages), cp.asarray(v_pages), cp.asarray(cu_q), cp.asarray(cu_k),
