@@ -437,6 +437,9 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
   // them) so the global stores are 16-byte and row-contiguous.
   float lse[kMRep][2];
   softmax.finalize(acc_o, c, lse);
+  // Lanes overwrite Q rows that other lanes of this warp read by ldmatrix; the .sync.aligned
+  // ldmatrix/mma already order that, the barrier says so (and racecheck can see it).
+  __syncwarp();
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int mi = 0; mi < kMRep; ++mi)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Final verification on the GPU machine, in one call (repo root):
 #   precompile every shipped kernel (parallel) -> all `gpu` tests  || memcheck (small cases,
-#   decode smoke, mixed batches, unchecked bad page ids) -> `python -m cupy_flashattn check` ->
+#   decode smoke, mixed batches, unchecked bad page ids) -> racecheck (small cases) ->
+#   `python -m cupy_flashattn check` ->
 #   the notebooks on CuPy -> full prefill + decode benchmarks.
 # Usage: OUT=/some/dir bash tools/device_verify.sh      (at most 8 files come back from $OUT)
 set -u
@@ -43,6 +44,11 @@ timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE > "$OUT/pytest.
 echo "== pytest"; tail -n 15 "$OUT/pytest.txt" | grep -E "passed|failed|FAILED|ERROR" | tail -n 12
 wait $MC
 echo "== memcheck"; grep -E "ERROR SUMMARY|passed|failed|smoke ok" "$OUT/memcheck.txt"
+
+stamp "racecheck (small prefill set)"
+timeout 200 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 10 \
+  python3 tools/memcheck_small.py > "$OUT/racecheck.txt" 2>&1
+grep -E "RACECHECK SUMMARY" "$OUT/racecheck.txt"
 
 stamp "cli check + notebooks"
 { python3 -m cupy_flashattn check; echo "exit $?"; python3 -m cupy_flashattn info; } > "$OUT/cli.txt" 2>&1
