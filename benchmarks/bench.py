@@ -5,10 +5,11 @@ python3 benchmarks/bench.py [--out DIR] [--quick] [--sweep] [--dims ..] [--seqs 
 Rows: bf16/fp16 x D in {64, 128, 256} x S in {512, 2k, 4k, 8k} with 16k tokens per batch
 (B = 16k / S, H = 2048 / D), causal and not; then the same work as varlen (mixed lengths
 S/2, 3S/2) and paged (page 16 and 256; torch has no paged prefill, so those rows compare with
-dense torch).  FLOPs = 4 B H Sq Sk D (half for causal).  CUDA-event timing after warm-up,
-median of reps.  Inputs are generated on the GPU; torch runs on the very same bits (DLPack), so
-every dense row also checks max|ours - torch flash|, and every paged row checks that the paged
-output equals the dense one (the cache holds the same keys, scattered over a random page order).
+dense torch).  FLOPs = 4 B H Sq Sk D (half for causal).  CUDA-event timing after warm-up, the
+median of interleaved rounds (every layout and provider of a case takes a turn in each round).
+Inputs are generated on the GPU; torch runs on the very same bits (DLPack), so every dense row
+also checks max|ours - torch flash|, and every paged row checks that the paged output equals the
+dense one (the cache holds the same keys, scattered over a random page order).
 
 --sweep: tile-configuration sweep (bf16, S = 4096, dense + paged, causal and not) over the
 variants in SWEEP for each bucket of --dims; prints a table and writes <out>/winner.env with
@@ -42,23 +43,30 @@ SWEEP = {
 }  # fmt: skip
 
 
-def timeit(fn, warmup=3, reps=7, inner=3):
-    """Median seconds per call; each event pair brackets `inner` back-to-back calls so host-side
-    launch overhead (ours and torch's) overlaps with the GPU work instead of being timed."""
+def time_interleaved(fns, warmup=3, rounds=7, inner=3):
+    """{name: median seconds per call} for a dict of callables, timed in interleaved rounds.
+
+    Each round times every callable once (a CUDA-event pair around `inner` back-to-back calls,
+    so host-side launch overhead overlaps with GPU work instead of being timed); the median over
+    rounds is reported.  Interleaving puts every provider and layout of a case under the same
+    clock/thermal state: timing them one after another (v3 and before) let a case's later
+    modes read a few percent lower inside a long sweep than alone."""
     import cupy
 
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(reps):
-        a, b = cupy.cuda.Event(), cupy.cuda.Event()
-        a.record()
-        for _ in range(inner):
+    for fn in fns.values():
+        for _ in range(warmup):
             fn()
-        b.record()
-        b.synchronize()
-        ts.append(cupy.cuda.get_elapsed_time(a, b) * 1e-3 / inner)
-    return float(np.median(ts))
+    ts = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            a, b = cupy.cuda.Event(), cupy.cuda.Event()
+            a.record()
+            for _ in range(inner):
+                fn()
+            b.record()
+            b.synchronize()
+            ts[name].append(cupy.cuda.get_elapsed_time(a, b) * 1e-3 / inner)
+    return {name: float(np.median(t)) for name, t in ts.items()}
 
 
 class Case:
@@ -116,14 +124,19 @@ class Case:
         return AttentionProblem(**dict(base, k=kp, v=vp, block_table=permc.reshape(b, nblk),
                                        page_block_size=page, seqlen_k=nblk * page)), self.flops
 
-    def torch_time(self, name):
+    def torch_fn(self, name):
+        """A callable running torch SDPA with backend `name` ("flash" or "cudnn")."""
         import torch
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[name]
         f = torch.nn.functional.scaled_dot_product_attention
-        with sdpa_kernel([be]):
-            return timeit(lambda: f(self.tq, self.tk, self.tv, is_causal=self.causal))
+
+        def run():
+            with sdpa_kernel([be]):
+                return f(self.tq, self.tk, self.tv, is_causal=self.causal)
+
+        return run
 
     def torch_out(self):
         """torch flash's output in our (B*S, H, D) layout, as float32 cupy."""
@@ -140,21 +153,31 @@ class Case:
 
 
 def run_case(case, modes, providers=("flash", "cudnn"), check=True):
-    """{mode: (seconds, flops, err)} for ours and {provider: seconds} for torch."""
+    """{mode: (seconds, flops, err)} for ours and {provider: seconds} for torch, every layout and
+    provider of the case timed in the same interleaved rounds (time_interleaved)."""
     import cupy
 
     from cupy_flashattn._cuda import launch as _cuda  # the prefill kernel itself
 
-    res, ref = {}, None
+    ref = None
     if check and case.torch is not None:
         try:
             ref = case.torch_out()
         except Exception as e:  # pragma: no cover
             print(f"# torch flash failed: {e}", file=sys.stderr)
-    dense_out = None
-    for mode in modes:
-        prob, fl = case.problem(mode)
-        t = timeit(lambda prob=prob: _cuda.run_attention(prob))
+    probs = {mode: case.problem(mode) for mode in modes}
+    fns = {mode: (lambda prob=prob: _cuda.run_attention(prob)) for mode, (prob, _) in probs.items()}
+    if case.torch is not None:
+        for name in providers:
+            try:
+                fn = case.torch_fn(name)
+                fn()  # a backend that cannot run this shape raises here
+                fns[f"torch:{name}"] = fn
+            except Exception as e:  # backend unavailable
+                print(f"# torch {name} failed: {e}", file=sys.stderr)
+    times = time_interleaved(fns)
+    res, dense_out = {}, None
+    for mode, (prob, fl) in probs.items():
         err = float("nan")
         if check:
             o = prob.out.astype(np.float32)
@@ -164,15 +187,9 @@ def run_case(case, modes, providers=("flash", "cudnn"), check=True):
                     err = float(cupy.abs(o - ref).max())
             elif mode.startswith("paged") and dense_out is not None:
                 err = float(cupy.abs(o - dense_out).max())  # same keys: expect exactly 0
-        res[mode] = (t, fl, err)
-        del prob
-    tres = {}
-    if case.torch is not None:
-        for name in providers:
-            try:
-                tres[name] = case.torch_time(name)
-            except Exception as e:  # backend unavailable
-                print(f"# torch {name} failed: {e}", file=sys.stderr)
+        res[mode] = (times[mode], fl, err)
+    tres = {k.split(":", 1)[1]: t for k, t in times.items() if k.startswith("torch:")}
+    del probs
     return res, tres
 
 

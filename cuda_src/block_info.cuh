@@ -63,6 +63,26 @@ struct BlockInfo {
   }
 };
 
+// Division of a key position by the page size P without a divide instruction (paged
+// kernels divide once per key row per tile): div(n) = (umulhi(n, mul) + n) >> shift with
+// shift = ceil(log2 P), mul = floor(2^(32 + shift) / P) + 1 - 2^32.  This is the round-up
+// multiplier of Granlund & Montgomery (1994): exact for every 0 <= n < 2^31, since
+// mul' * P - 2^(32 + shift) <= P <= 2^shift (mul' = mul + 2^32), and the sum cannot overflow
+// 32 bits there.  P = 1 gives mul = 1, shift = 0: div(n) = n; P = 2^k gives n >> k.
+struct PageDiv {
+  unsigned mul;
+  int shift;
+  __device__ static PageDiv make(int P) {
+    PageDiv d;
+    d.shift = 32 - __clz(P - 1);
+    d.mul = (unsigned)((1ull << (32 + d.shift)) / (unsigned long long)P + 1ull - (1ull << 32));
+    return d;
+  }
+  __device__ __forceinline__ int div(int n) const {
+    return (int)((__umulhi((unsigned)n, mul) + (unsigned)n) >> shift);
+  }
+};
+
 // The resolved geometry, kept in shared memory for the whole CTA.  The main loop re-reads it
 // after each barrier instead of pinning ~10 loop-invariant registers (pointers, lengths) that
 // the D = 128 kernel cannot spare next to its 192 accumulator registers.
@@ -70,6 +90,7 @@ struct SeqInfo {
   int q_start, len_q, k_start, len_k;
   i64 kv_head_off;   // element offset of kv head h / h_per_kv in k / v
   const int* table;  // block-table row of this sequence (paged)
+  PageDiv page;      // position -> page index (paged)
 };
 
 }  // namespace fa

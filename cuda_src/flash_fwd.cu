@@ -67,8 +67,8 @@ __device__ __forceinline__ PageSlot page_slot(int* table0, int n_block) {
 
 // Paged: fetch the block-table entries of key tile n_block's rows into its slot, two tiles
 // ahead of the compute that uses them, so the table lookup latency hides behind a whole tile.
-// The position -> (page index, row in page) split happens here, once per row: a shift when P
-// is a power of two, a division otherwise -- never in the K/V copy loop.
+// The position -> (page index, row in page) split happens here, once per row, by a multiply
+// and a shift whatever P is (SeqInfo::page) -- never in the K/V copy loop.
 // Rows past len_k read nothing (their id is zero-filled; every user checks pos < len_k).
 template <class Tr>
 __device__ __forceinline__ void prefetch_pages(PageSlot slot, const FwdParams& p,
@@ -76,8 +76,7 @@ __device__ __forceinline__ void prefetch_pages(PageSlot slot, const FwdParams& p
   if (tidx < Tr::kBlockN) {
     const int pos = n_block * Tr::kBlockN + tidx;
     const bool ok = pos < si.len_k;  // len_k <= max_blocks_per_seq * P: index in the row
-    const int P = p.page_size;
-    const int idx = !ok ? 0 : (P & (P - 1)) == 0 ? pos >> (__ffs(P) - 1) : pos / P;
+    const int idx = ok ? si.page.div(pos) : 0;
     cp_async_4(smem_u32(slot.ids + tidx), si.table + idx, ok);
     slot.rows[tidx] = pos - idx * p.page_size;
   }
@@ -303,6 +302,7 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
     seq.len_k = info.len_k;
     seq.kv_head_off = (i64)(bidh / p.h_per_kv) * p.k_head_stride;  // GQA/MQA: no K/V copies
     seq.table = info.table;
+    if (Is_paged) seq.page = PageDiv::make(p.page_size);
   }
   __syncthreads();
   const int m0 = m_block * kBlockM;
@@ -378,7 +378,7 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
       // Barrier: (1) this tile (and Q, and the page ids of tile n_block - 1) have landed --
       // each thread waited for its own copies, the barrier publishes everyone's; (2) every warp
       // is done with the other stage and with the page slot of tile n_block + 2, which the
-      // prefetch below (tile n_block - 2, same slot) overwrites.  Paged: the barrier also ORs
+      // prefetch in after_qk (tile n_block - 2, same slot) overwrites.  Paged: the barrier also ORs
       // the absent-page flags of this tile's loads (one CTA-wide answer, no extra pass).
       bool tile_has_absent = false;
       if constexpr (Is_paged) {
@@ -400,13 +400,18 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
                                      tidx, loaded_absent);
         copy_rows<Tr>(sK0 + (stage ^ 1) * Tr::kSmemKV, p.k + seq.kv_head_off, next, p.head_dim,
                       tidx);
-        if (Is_paged && n_block - 2 >= n_min)
-          prefetch_pages<Tr>(page_slot<Tr>(table0, n_block - 2), p, seq, n_block - 2, tidx);
       }
+      // Issued while the Q K^T MMAs drain (the softmax waits on them anyway): the page-id
+      // prefetch and the V copies.  The prefetch's shared-memory reads, placed before the
+      // first MMA, stalled the warps that run it (paged 0.91-0.92x of dense vs 0.94x here at
+      // D = 128, pages 32-256; NOTES.md v4).
       auto after_qk = [&]() {
-        if (load_next)
+        if (load_next) {
+          if (Is_paged && n_block - 2 >= n_min)
+            prefetch_pages<Tr>(page_slot<Tr>(table0, n_block - 2), p, seq, n_block - 2, tidx);
           copy_rows<Tr>(sV0 + (stage ^ 1) * Tr::kSmemKV, p.v + seq.kv_head_off, next, p.head_dim,
                         tidx);
+        }
         cp_async_commit();
       };
 

@@ -3,7 +3,7 @@
 #   precompile every shipped kernel (parallel) -> all `gpu` tests  || memcheck (small cases,
 #   decode smoke, mixed batches, unchecked bad page ids) -> racecheck (small cases) ->
 #   `python -m cupy_flashattn check` ->
-#   the notebooks on CuPy -> full prefill + decode benchmarks.
+#   the notebooks on CuPy -> full prefill + decode benchmarks -> paged-vs-dense diagnostic.
 # Usage: OUT=/some/dir bash tools/device_verify.sh      (at most 8 files come back from $OUT)
 set -u
 OUT=${OUT:-/tmp/fa_verify}
@@ -63,5 +63,7 @@ timeout 240 python3 benchmarks/bench.py --out "$OUT/bench" > "$OUT/bench.txt" 2>
 grep -E "d=128 seqlen=4096 batch=4 heads=16 causal=0" "$OUT/bench.txt" | grep "dtype=bf16"
 timeout 150 python3 benchmarks/bench_decode.py --out "$OUT/bench" > "$OUT/bench_decode.txt" 2>&1
 grep -E "copy bandwidth|^B=64 ctx=4096 H=32 Hk=8" "$OUT/bench_decode.txt"
+timeout 120 python3 benchmarks/bench.py --paged-diag --out "$OUT/bench" > "$OUT/bench/paged_diag.txt" 2>&1
+grep "paged-diag" "$OUT/bench/paged_diag.txt" | sed 's/,err [0-9.e-]*//g'
 tar -C "$OUT" -czf "$OUT/bench_results.tar.gz" bench && rm -rf "$OUT/bench"
 stamp "done"
