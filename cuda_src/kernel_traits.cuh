@@ -87,7 +87,9 @@ template <> struct FwdTraits<128> : FwdTraitsBase<128, 64, 64, 4, 2, 1> {};
 template <> struct FwdTraits<160> : FwdTraitsBase<160, 64, 64, 4, 2> {};
 // D = 192: 64 x 32 (K/V stages halved: 72 KB).  ~218 regs.
 template <> struct FwdTraits<192> : FwdTraitsBase<192, 64, 32, 4, 2> {};
-// D = 256: 64 x 32: O is 128 fp32 per thread; 96 KB smem.  ~244 regs (64 x 16: 196).
-template <> struct FwdTraits<256> : FwdTraitsBase<256, 64, 32, 4, 2> {};
+// D = 256: 128 x 64, 8 warps, 1 CTA/SM (flash-attn's sm80 choice): O is 128 fp32 per thread;
+// 194 KB smem; 247 regs (paged 254).  v4 sweep (bf16, S = 4k): see NOTES.md v4 (64 x 32 at
+// 2 CTAs/SM, 96 KB, was v1-v4's choice).
+template <> struct FwdTraits<256> : FwdTraitsBase<256, 128, 64, 8, 1> {};
 
 }  // namespace fa
