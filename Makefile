@@ -4,13 +4,25 @@
 # `pip install -e '.[test,cuda12]'` is re-run only when setup.cfg or pyproject.toml changed,
 # tracked by a stamp file inside the venv).  test-gpu and bench run in place with the python3
 # already on the machine (the GPU machine has no network), with the checkout on PYTHONPATH.
+#
+# `make demo` installs what this machine can use: with an NVIDIA GPU (nvidia-smi on PATH or
+# /dev/nvidia0 present) the same '.[test,cuda12]' as `make test`; without one only the CPU set
+# (numpy, ml_dtypes, numba: `pip install -e .`, ~70 MB of wheels instead of ~540 MB).
+# Override with `make demo DEMO_EXTRAS=test,cuda12` (or DEMO_EXTRAS= for the CPU set).
+# `make test` always installs '.[test,cuda12]': CI (no GPU) compiles every kernel with NVRTC,
+# which needs the cupy and nvidia-cuda-nvrtc/runtime wheels.
 
 PYTHON   ?= python3
 VENV     ?= .venv
 EXTRAS   ?= test,cuda12
 VPY      := $(VENV)/bin/python
 comma    := ,
-STAMP    := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
+# The CPU set (no extras) is stamped "cpu"; it is part of every other set, so installing
+# another set keeps its stamp, and installing it keeps the others'.
+STAMP    := $(VENV)/.installed-$(or $(subst $(comma),-,$(EXTRAS)),cpu)
+PIP_TARGET := $(if $(EXTRAS),'.[$(EXTRAS)]',.)
+HAVE_GPU := $(shell { command -v nvidia-smi || ls /dev/nvidia0; } >/dev/null 2>&1 && echo yes)
+DEMO_EXTRAS ?= $(if $(HAVE_GPU),test$(comma)cuda12,)
 # Extra arguments, e.g. `make test PYTEST_ARGS='-k paged -x'`.
 PYTEST_ARGS ?=
 BENCH_ARGS  ?=
@@ -28,7 +40,7 @@ RUFF_ARGS   ?= --no-cache --line-length 100 --target-version py310 --select E4,E
 help: ## List the targets
 	@echo "cupy_flashattn: make <target>"
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  \1\t\2/' | expand -t 16
-	@echo "Variables: PYTHON=$(PYTHON) VENV=$(VENV) EXTRAS=$(EXTRAS) PYTEST_ARGS= BENCH_ARGS="
+	@echo "Variables: PYTHON=$(PYTHON) VENV=$(VENV) EXTRAS=$(EXTRAS) DEMO_EXTRAS=$(DEMO_EXTRAS) PYTEST_ARGS= BENCH_ARGS="
 
 # The stamp's name carries the extras, so `make test EXTRAS=test,cuda13` installs again.
 $(STAMP): setup.cfg pyproject.toml
@@ -36,13 +48,25 @@ $(STAMP): setup.cfg pyproject.toml
 		echo "make: creating $(VENV) with $(PYTHON) ($$($(PYTHON) --version 2>&1))"; \
 		$(PYTHON) -m venv --clear $(VENV) || exit 1; \
 	fi
-	$(VPY) -m pip install --disable-pip-version-check -q $(PIP_ARGS) -e '.[$(EXTRAS)]'
-	@rm -f $(VENV)/.installed-*
+	@covered=; for s in $(VENV)/.installed-*; do \
+		if [ -f "$$s" ] && [ "$$s" -nt setup.cfg ] && [ "$$s" -nt pyproject.toml ]; then covered=$$s; fi; \
+	done; \
+	if [ -z "$(EXTRAS)" ] && [ -n "$$covered" ]; then \
+		echo "make: the CPU set is already installed ($$covered is up to date)"; \
+	else \
+		echo "$(VPY) -m pip install --disable-pip-version-check -q $(PIP_ARGS) -e $(PIP_TARGET)"; \
+		$(VPY) -m pip install --disable-pip-version-check -q $(PIP_ARGS) -e $(PIP_TARGET) || exit 1; \
+	fi
+	@if [ -n "$(EXTRAS)" ]; then \
+		find $(VENV) -maxdepth 1 -name '.installed-*' ! -name '.installed-cpu' -exec rm -f {} +; \
+	fi
 	@touch $@
 
-install: $(STAMP) ## Create .venv and install the package with [test,cuda12] (only when needed)
+install: $(STAMP) ## Create .venv and install the package with [$(EXTRAS)], default [test,cuda12] (only when needed)
 
-demo: $(STAMP) ## Run examples/quickstart.py (GPU if usable, else the CPU backend)
+demo: ## Run examples/quickstart.py (GPU if usable, else the CPU backend, CPU wheels only)
+	@echo "demo: $(if $(HAVE_GPU),NVIDIA GPU found,no NVIDIA GPU found (no nvidia-smi, no /dev/nvidia0)): installing '$(or $(DEMO_EXTRAS),the CPU set)'"
+	@$(MAKE) --no-print-directory install EXTRAS='$(DEMO_EXTRAS)'
 	$(VPY) examples/quickstart.py
 
 test: $(STAMP) ## Run all tests (GPU tests are skipped without a GPU)

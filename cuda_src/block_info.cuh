@@ -42,7 +42,7 @@ struct BlockInfo {
       ks = (i64)(p.cache_batch_idx != nullptr ? p.cache_batch_idx[b] : b) * p.seqlen_k;
       lk = p.seqlen_k;
     }
-    if (p.seqused_k != nullptr) lk = p.seqused_k[b];
+    if (p.seqused_k != nullptr) lk = (i64)p.seqused_k[b] + p.seqused_k_add;
     if (p.leftpad_k != nullptr) {
       ks += p.leftpad_k[b];
       lk -= p.leftpad_k[b];

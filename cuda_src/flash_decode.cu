@@ -19,6 +19,9 @@
 // key: out 0, lse +inf).  num_splits > 1 -> float32 partial O (normalized) into
 // oaccum (num_splits, total_q, H, D) and lse_accum (num_splits, H, total_q); an empty split
 // writes lse -inf and no O (the combine kernel never reads the O of a -inf split).
+// Non-finite scores (NaN q / k / ALiBi slope, an inf in k): as in softmax.cuh, a NaN or +inf
+// score gives p = NaN, hence l = NaN and O = NaN; the row (or split) then reports out NaN and
+// lse NaN -- never the empty marker, which is l == 0 exactly -- and the combine keeps it NaN.
 //
 // Masks, softcap, ALiBi and paged addressing are run-time switches (uniform branches): the
 // kernel waits on memory, and one instantiation per (dtype, head-dim bucket) keeps CI's compile
@@ -322,8 +325,12 @@ __device__ void flash_decode(const DecodeParams& dp) {
     if (pr >= rows_total || d >= hd) continue;
     const int qrow = q_start + pr / g, head = hk * g + pr % g;
     const float mm = s_rowm[r], ll = s_rowl[r];
-    // ll > 0 iff the row saw a key (the max element contributes exp2(0) = 1).
-    const float inv = ll > 0.f ? 1.f / ll : 0.f;
+    // ll == 0 iff the row saw no key (the max element contributes exp2(0) = 1); ll is NaN
+    // when a score was NaN: inv, O and the lse are NaN then (NaN == 0 is false).
+    // An empty row's out is set to 0, not multiplied by 0: a NaN in the V row of a key masked
+    // for it (same tile) reached acc as P V's 0 * NaN.
+    const bool empty = ll == 0.f;
+    const float inv = empty ? 0.f : 1.f / ll;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w) {
@@ -331,9 +338,9 @@ __device__ void flash_decode(const DecodeParams& dp) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[e] += src[e];
     }
-    const float lse = ll > 0.f ? (mm + log2_approx(ll)) * kLn2 : (split_mode ? neg_inf() : pos_inf());
+    const float lse = !empty ? (mm + log2_approx(ll)) * kLn2 : (split_mode ? neg_inf() : pos_inf());
     if (split_mode) {
-      if (ll > 0.f) {  // an empty split writes no O: its lse -inf gives it weight 0
+      if (!empty) {  // an empty split writes no O: its lse -inf gives it weight 0
         float* dst = dp.oaccum + (((i64)split * p.total_q + qrow) * p.num_heads + head) * hd + d;
         asm volatile("st.global.v4.f32 [%0], {%1,%2,%3,%4};" ::"l"(dst), "f"(acc[0] * inv),
                      "f"(acc[1] * inv), "f"(acc[2] * inv), "f"(acc[3] * inv) : "memory");
@@ -341,6 +348,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
       if (d == 0) dp.lse_accum[((i64)split * p.num_heads + head) * p.total_q + qrow] = lse;
     } else {
       u16* dst = p.o + (i64)qrow * p.o_row_stride + (i64)head * p.o_head_stride + d;
+      if (empty) acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
       const u32 lo2 = Elem::pack(acc[0] * inv, acc[1] * inv), hi2 = Elem::pack(acc[2] * inv, acc[3] * inv);
       asm volatile("st.global.v2.b32 [%0], {%1,%2};" ::"l"(dst), "r"(lo2), "r"(hi2) : "memory");
       if (d == 0) p.lse[(i64)head * p.lse_head_stride + qrow] = lse;
@@ -354,7 +362,9 @@ __device__ void flash_decode(const DecodeParams& dp) {
 //   lse_in + s * lse_split_stride + (row / lse_rows) * lse_batch_stride + head * lse_head_stride + row % lse_rows
 // (lse_rows = rows per batch of a dense (B, H, S) LSE; = rows with a varlen (H, total) one).
 // A partial with an infinite LSE (either sign: no visible key) weighs 0 and its O is never read
-// (it may hold anything).  No partial with a key -> out 0, lse +inf.
+// (it may hold anything).  No partial with a key -> out 0, lse +inf.  A partial whose LSE is NaN
+// (a NaN score) makes the row NaN: it passes the "not infinite" test, fmaxf skips it in the max,
+// and its weight exp2(NaN) = NaN makes the total, the lse and every output element NaN.
 // Element types by code: 0 float32, 1 float16, 2 bfloat16.
 struct CombineParams {
   const void* o_in;
@@ -379,14 +389,14 @@ __device__ void combine_states(const CombineParams& c) {
   float mx = neg_inf();
   for (int s = 0; s < c.num_splits; ++s) {
     const float l = c.lse_in[s * c.lse_split_stride + lse_off];
-    if (l > neg_inf() && l < pos_inf()) mx = fmaxf(mx, l);
+    if (fabsf(l) != pos_inf()) mx = fmaxf(mx, l);  // finite or NaN (fmaxf skips NaN)
   }
   float total = 0.f;
   for (int s = 0; s < c.num_splits; ++s) {
     const float l = c.lse_in[s * c.lse_split_stride + lse_off];
-    if (l > neg_inf() && l < pos_inf()) total += exp2_approx((l - mx) * kLog2e);
+    if (fabsf(l) != pos_inf()) total += exp2_approx((l - mx) * kLog2e);
   }
-  const bool empty = !(total > 0.f);
+  const bool empty = total == 0.f;  // no partial with a key (NaN: not empty)
   const float lse = empty ? pos_inf() : mx + log2_approx(total) * kLn2;
   const i64 o_off = (i64)row * c.o_row_stride + (i64)head * c.o_head_stride;
   const i64 out_off = (i64)row * c.out_row_stride + (i64)head * c.out_head_stride;
@@ -394,7 +404,7 @@ __device__ void combine_states(const CombineParams& c) {
     float acc = 0.f;
     for (int s = 0; s < c.num_splits; ++s) {
       const float l = c.lse_in[s * c.lse_split_stride + lse_off];
-      if (l > neg_inf() && l < pos_inf())
+      if (fabsf(l) != pos_inf())
         acc += exp2_approx((l - lse) * kLog2e) * load_elem(c.o_in, s * c.o_split_stride + o_off + d, c.in_type);
     }
     store_elem(c.o_out, out_off + d, c.out_type, empty ? 0.f : acc);

@@ -1,6 +1,7 @@
 // params.cuh -- the kernel-side twin of cupy_flashattn/problem.py::AttentionProblem.
-// Filled field by field by the extern "C" entry points that _cuda/compile.py generates; the
-// argument order there is the order of the fields here (launch.py packs them).
+// Filled field by field by the extern "C" entry points that _cuda/compile.py generates from
+// compile.PARAMS (one packed argument struct per launch, see _cuda/packing.py); the field
+// order there is the order here.
 #pragma once
 #include "common.cuh"
 
@@ -47,6 +48,9 @@ struct FwdParams {
   // others belong to the other kernel of the same call: decode for few query rows, prefill for
   // many).  0 and INT_MAX serve every sequence.
   int len_q_min, len_q_max;
+  // Added to every seqused_k[b]: flash_attn_with_kvcache passes the cache lengths before its
+  // append and the number of appended tokens here, so no device op computes lengths + S_new.
+  int seqused_k_add;
 };
 
 }  // namespace fa

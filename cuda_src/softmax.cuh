@@ -5,6 +5,13 @@
 // the row sum stays a per-thread partial sum and is reduced once, in finalize.
 //   m_new = max(m_old, max_j s_j);  p_j = exp2(s_j * c - m_new * c);  alpha = exp2((m_old - m_new) * c)
 //   l = l * alpha + sum_j p_j;  O = O * alpha + P V;   at the end O /= l, lse = (m c + log2 l) ln 2.
+//
+// Non-finite scores (NaN q or k, an inf in k, a NaN ALiBi slope) need no work in the hot loop:
+// fmaxf skips a NaN score, so m stays the max of the others, but the NaN score's own p is
+// exp2(NaN) = NaN; a +inf score makes m = +inf and its p exp2(inf - inf) = NaN.  Either way that
+// p makes l NaN and, through P V, every column of the row's O (NaN * 0 stays NaN through later
+// rescalings).  finalize only has to tell that apart from an empty row: l == 0 exactly iff the
+// row saw no visible key (a visible finite max contributes exp2(0) = 1), NaN iff a score was.
 #pragma once
 #include "common.cuh"
 
@@ -73,8 +80,12 @@ struct OnlineSoftmax {
     }
   }
 
-  // O /= l and the natural-log LSE.  A row that never saw a key outputs 0 and LSE +inf
-  // (flash-attn's convention for an empty softmax).
+  // O /= l and the natural-log LSE.  A row that never saw a key (l == 0: m is still -inf and
+  // no score was NaN) outputs 0 and LSE +inf (flash-attn's convention for an empty softmax).
+  // A row with a NaN score has l = NaN: inv = 1/l and the LSE come out NaN, so its output and
+  // LSE are NaN -- never the empty marker (NaN == 0 is false).  An empty row's O is set to 0,
+  // not multiplied by 0: a NaN in the V row of a key masked for it (same key tile) reached its
+  // O as P V's 0 * NaN.
   template <int kDTiles>
   __device__ __forceinline__ void finalize(float (&o)[kMRep][kDTiles][4], float c,
                                            float (&lse)[kMRep][2]) {
@@ -83,13 +94,13 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float sum = quad_sum(row_sum[mi][h]);
-        const bool empty = row_max[mi][h] == neg_inf() || !(sum > 0.f);
-        const float inv = empty ? 0.f : 1.f / sum;
+        const bool empty = sum == 0.f;
+        const float inv = 1.f / sum;  // NaN when sum is
         lse[mi][h] = empty ? pos_inf() : (row_max[mi][h] * c + log2_approx(sum)) * kLn2;
 #pragma unroll
         for (int dt = 0; dt < kDTiles; ++dt) {
-          o[mi][dt][2 * h] *= inv;
-          o[mi][dt][2 * h + 1] *= inv;
+          o[mi][dt][2 * h] = empty ? 0.f : o[mi][dt][2 * h] * inv;
+          o[mi][dt][2 * h + 1] = empty ? 0.f : o[mi][dt][2 * h + 1] * inv;
         }
       }
   }

@@ -16,7 +16,10 @@ row ``i`` the online-softmax state::
 When a key block raises the maximum from ``m_old`` to ``m_new``, ``l_i`` and ``o_i`` are first
 rescaled by ``exp(m_old - m_new)``, then the block's terms are added.  After the last block
 ``out_i = o_i / l_i`` and ``lse_i = m_i + log(l_i)`` (natural log).  A row that saw no visible
-key keeps ``m_i = -inf, l_i = 0`` and outputs exactly 0 with ``lse_i = +inf``.
+key keeps ``m_i = -inf, l_i = 0`` and outputs exactly 0 with ``lse_i = +inf``.  A row with a
+NaN logit among its visible keys (NaN q or k, a NaN ALiBi slope) or a +inf one (an inf in k)
+outputs NaN with ``lse_i = NaN``, as a plain softmax does; a NaN in v reaches the output columns
+of the rows that give its key a nonzero weight.
 
 Logits and masks follow :mod:`cupy_flashattn.problem`: ``s = scale * q.k``;
 ``s = softcap * tanh(s / softcap)`` if softcap > 0; ``s -= slope[b, h] * |i + shift - j|`` with
@@ -32,10 +35,12 @@ dtype policy
 ------------
 float64 inputs are computed in float64.  float32, float16 and bfloat16 inputs are computed in
 float32: Numba has no float16/bfloat16 arithmetic, so 16-bit q/k/v are converted to float32
-arrays once per call before entering the kernel, and the float32 result is rounded into
-``problem.out`` at the end.  The kernel therefore has exactly two compiled signatures (float32
-and float64), one kernel serving contiguous and paged caches; it compiles lazily on first use
-(never at import) and is cached on disk (``cache=True``).  ``softmax_lse`` is float32.
+arrays once per call before entering the kernel (for a paged cache only the pages the call
+reads, see :func:`paged_operands`, so a decode step never pays for the whole pool), and the
+float32 result is rounded into ``problem.out`` at the end.  The kernel therefore has exactly
+two compiled signatures (float32 and float64), one kernel serving contiguous and paged caches;
+it compiles lazily on first use (never at import) and is cached on disk (``cache=True``).
+``softmax_lse`` is float32.
 """
 
 from __future__ import annotations
@@ -125,7 +130,7 @@ def resolve_sequences(problem: AttentionProblem) -> SequenceRanges:
         k_start = cache_row * p.seqlen_k
         len_k = np.full(batch, p.seqlen_k, dtype=np.int64)
     if p.seqused_k is not None:
-        len_k = _per_sequence(p.seqused_k, "seqused_k", batch)
+        len_k = _per_sequence(p.seqused_k, "seqused_k", batch) + p.seqused_k_add
     if p.leftpad_k is not None:
         leftpad = _per_sequence(p.leftpad_k, "leftpad_k", batch)
         k_start = k_start + leftpad
@@ -181,6 +186,7 @@ def _attend_query_tile(
     acc_o = np.zeros((BLOCK_M, head_dim), dtype=q.dtype)  # o_i
     row_max = np.full(BLOCK_M, -np.inf, dtype=q.dtype)  # m_i
     row_sum = np.zeros(BLOCK_M, dtype=q.dtype)  # l_i
+    row_nan = np.zeros(BLOCK_M, dtype=np.bool_)  # a visible logit was NaN: out and lse NaN
 
     for n_start in range(n_lo, n_hi, BLOCK_N):
         n_count = min(BLOCK_N, n_hi - n_start)
@@ -237,12 +243,17 @@ def _attend_query_tile(
                     s -= slope * abs(diag - key_pos)
                 scores[m, n] = s
 
-        # Online softmax update, row by row.
+        # Online softmax update, row by row.  The max skips NaN logits (NaN q or k, a NaN
+        # slope, inf * 0) and flags the row instead: it outputs NaN, never the empty marker.
         for m in range(m_rows):
             block_max = -np.inf
             for n in range(n_count):
-                block_max = max(block_max, scores[m, n])
-            new_max = max(row_max[m], block_max)
+                s = scores[m, n]
+                if s > block_max:
+                    block_max = s
+                elif s != s:
+                    row_nan[m] = True
+            new_max = row_max[m] if row_max[m] >= block_max else block_max
             if new_max == -np.inf:
                 continue  # nothing visible to this row yet: state stays (m=-inf, l=0, o=0)
             # exp(m_old - m_new) rescales the old terms; it is 0 on the first visible block.
@@ -265,10 +276,15 @@ def _attend_query_tile(
                 for d in range(head_dim):
                     acc_o[m, d] += p * v[row, bidh_k, d]
 
-    # Epilogue: out = o / l, lse = m + log(l); rows that saw no key give 0 and +inf.
+    # Epilogue: out = o / l, lse = m + log(l); rows that saw no key (l == 0 exactly) give 0 and
+    # +inf; rows with a NaN logit, or a +inf one (then l = exp(inf - inf) = NaN), give NaN.
     for m in range(m_rows):
         row_q = q_start + m_start + m
-        if row_sum[m] > 0.0:
+        if row_nan[m] or not (row_sum[m] == row_sum[m]):
+            for d in range(head_dim):
+                out[row_q, bidh, d] = np.nan
+            softmax_lse[bidh, row_q] = np.nan
+        elif row_sum[m] > 0.0:
             inv_sum = 1.0 / row_sum[m]
             for d in range(head_dim):
                 out[row_q, bidh, d] = acc_o[m, d] * inv_sum
@@ -324,6 +340,47 @@ def _kernel_array(array, dtype) -> np.ndarray:
     return result
 
 
+def paged_operands(k_pages, v_pages, block_table, len_k, page_block_size: int, dtype):
+    """The paged k/v as the kernel reads them: ``(k, v, block_table, num_pages)`` with k/v
+    flat ``(num_pages * P, Hk, D)`` rows of ``dtype`` (page g, row r is row g * P + r).
+
+    A pool already in ``dtype`` (C-contiguous, writeable) is passed as is, zero copy.  Otherwise
+    (16-bit pools, which Numba computes in float32, or a strided pool) only the pages the call
+    reads are gathered and converted: the distinct in-range ids of ``block_table[b, :ceil(len_k[b]
+    / P)]``, in ascending order, and the table is remapped onto them (entries the kernel never
+    reads, and ids outside the pool, become -1, i.e. absent).  A decode step therefore costs what
+    its sequences hold, not what the pool holds.  ``len_k`` are the resolved (clamped) lengths.
+    """
+    num_blocks, rows_per_page, num_heads_k, head_dim = (int(s) for s in k_pages.shape)
+    P = int(page_block_size)
+    table = np.asarray(block_table)
+    reusable = all(
+        a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable for a in (k_pages, v_pages)
+    )
+    if reusable:
+        rows = num_blocks * rows_per_page
+        return (
+            k_pages.reshape(rows, num_heads_k, head_dim),
+            v_pages.reshape(rows, num_heads_k, head_dim),
+            _kernel_array(table, np.int32),
+            num_blocks,
+        )
+    batch = int(table.shape[0])
+    used_cols = (np.asarray(len_k, dtype=np.int64)[:batch] + P - 1) // P
+    width = min(int(used_cols.max(initial=0)), int(table.shape[1]))
+    ids = table[:, :width].astype(np.int64)
+    read = (np.arange(width)[None, :] < used_cols[:, None]) & (ids >= 0) & (ids < num_blocks)
+    pages = np.unique(ids[read])  # sorted: the gathered pool keeps the pool's page order
+    remapped = np.full((batch, max(width, 1)), -1, dtype=np.int32)
+    remapped[:, :width][read] = np.searchsorted(pages, ids[read]).astype(np.int32)
+    rows = pages.shape[0] * rows_per_page
+
+    def gather(pool):
+        return _kernel_array(pool[pages], dtype).reshape(rows, num_heads_k, head_dim)
+
+    return gather(k_pages), gather(v_pages), remapped, int(pages.shape[0])
+
+
 def run_attention(problem: AttentionProblem) -> None:
     """Fill ``problem.out`` and ``problem.softmax_lse`` in place (see the module docstring).
 
@@ -356,14 +413,9 @@ def run_attention(problem: AttentionProblem) -> None:
     ranges = resolve_sequences(p)
 
     q = _kernel_array(p.q, compute_dtype)
-    k = _kernel_array(p.k, compute_dtype)
-    v = _kernel_array(p.v, compute_dtype)
     if p.paged:
-        num_pages, page_block_size = int(k.shape[0]), int(p.page_block_size)
-        # The page pool seen as flat rows: page g, row r is row g * P + r.
-        k = k.reshape(num_pages * k.shape[1], num_heads_k, head_dim)
-        v = v.reshape(num_pages * v.shape[1], num_heads_k, head_dim)
-        block_table = _kernel_array(p.block_table, np.int32)
+        page_block_size = int(p.page_block_size)
+        block_table = np.asarray(p.block_table)
         if block_table.ndim != 2 or block_table.shape[0] < batch:
             raise explain(
                 ShapeError,
@@ -373,7 +425,13 @@ def run_attention(problem: AttentionProblem) -> None:
                 block_table.shape,
                 "pass a (batch_size, max_blocks_per_seq) int32 table",
             )
+        # Only the pages this call reads, converted once (never the whole pool).
+        k, v, block_table, num_pages = paged_operands(
+            p.k, p.v, block_table[:batch], ranges.len_k, page_block_size, compute_dtype
+        )
     else:
+        k = _kernel_array(p.k, compute_dtype)
+        v = _kernel_array(p.v, compute_dtype)
         num_pages, page_block_size = 0, 1
         block_table = np.zeros((1, 1), dtype=np.int32)  # unused placeholder, same signature
 

@@ -38,8 +38,9 @@ import numpy as np
 from . import validate
 from ._arrays import adopt
 from .errors import ArgumentError, SeqlenError, UnsupportedError, explain
+from ._calls import DenseCall, KVCacheCall, VarlenCall
+from ._signature import CALLS, signature
 from .kvcache import PagedKVCache
-from .problem import AttentionProblem
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
@@ -95,16 +96,6 @@ def _full_check(xp, check) -> bool:
     return _default_check() if check is None else bool(check)
 
 
-def _backend(xp):
-    if xp is np:
-        from . import _backend_cpu
-
-        return _backend_cpu
-    from . import _cuda
-
-    return _cuda
-
-
 def _tokens(a, rows: int):
     """View ``(B, S, ...)`` as ``(B*S, ...)`` (a copy only when the batch stride forbids a view)."""
     return a.reshape((rows,) + tuple(a.shape[2:]))
@@ -132,44 +123,32 @@ def _mask(causal, window_size):
     return left, right
 
 
-def _alibi(alibi_slopes, xp, batch, num_heads):
-    alibi_slopes = adopt(alibi_slopes)
-    validate.alibi_slopes(alibi_slopes, xp, batch, num_heads)
-    if alibi_slopes is None:
-        return None
-    return xp.ascontiguousarray(xp.broadcast_to(alibi_slopes, (batch, num_heads)))
-
-
-def _output(xp, q_tokens, out, name_shape):
-    """The output buffer ``(total_q, H, D)``: the user's ``out`` (viewed) or a new array."""
+def _check_output(xp, q, out, rows_shape):
+    """A preallocated ``out`` has q's shape and dtype, lives with q, can be written, and can be
+    viewed as ``rows_shape`` = (tokens, H, D) without a copy (the kernels write into it)."""
     if out is None:
-        return xp.empty(q_tokens.shape, dtype=q_tokens.dtype), None
-    out = adopt(out)
+        return
     validate.same_backend(xp, out=out)
-    validate.same_dtype("q", q_tokens, out=out)
-    if tuple(out.shape) != tuple(name_shape):
+    validate.out_dtype(out, q)
+    if tuple(out.shape) != tuple(q.shape):
         raise explain(
-            validate.ShapeError, "out", "must have q's shape", tuple(name_shape), tuple(out.shape),
+            validate.ShapeError, "out", "must have q's shape", tuple(q.shape), tuple(out.shape),
             "allocate out with xp.empty_like(q)",
         )
-    flat = out.reshape(q_tokens.shape)
+    validate.last_dim_contiguous("out", out)
+    validate.writable("out", out, "pass a writeable out (e.g. xp.empty_like(q)) or none")
+    flat = out.reshape(rows_shape)
     if not _shares_memory(xp, flat, out):
         raise explain(
             validate.LayoutError, "out", "must be viewable as (tokens, H, D) without a copy",
             "a contiguous array", f"strides {out.strides}", "pass a contiguous out or none",
         )
-    validate.last_dim_contiguous("out", out)
-    return flat, out
 
 
 def _shares_memory(xp, a, b) -> bool:
     if xp is np:
         return np.shares_memory(a, b)
     return a.data.ptr == b.data.ptr
-
-
-def _run(xp, problem: AttentionProblem):
-    _backend(xp).run_attention(problem)
 
 
 # -- dense ----------------------------------------------------------------------------------
@@ -220,6 +199,22 @@ def flash_attn_func(
         out, lse = flash_attn_func(q, k, k, causal=True, return_softmax_lse=True)
         # out (2, 1024, 32, 128) bfloat16, lse (2, 32, 1024) float32
     """
+    key = signature((q, k, v, alibi_slopes, out),
+                    (dropout_p, softmax_scale, causal, window_size, softcap, return_attn_probs,
+                     return_softmax_lse, check, _default_check()))
+    call = CALLS.get(key) if key is not None else None
+    if call is None:
+        q, k, v, alibi_slopes, out = (adopt(a) for a in (q, k, v, alibi_slopes, out))
+        call = _prepare_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                              alibi_slopes, return_attn_probs, return_softmax_lse, out)
+        if key is not None:
+            CALLS.put(key, call)
+    return call.execute(q, k, v, alibi_slopes, out)
+
+
+def _prepare_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                   return_attn_probs, return_softmax_lse, out) -> DenseCall:
+    """Every check of flash_attn_func (none needs a device sync), lowered to a DenseCall."""
     xp, q, k, v = _common_checks(q, k, v, dropout_p, softmax_scale, window_size, softcap)
     validate.rank("q", q, 4, "dense (batch, seqlen_q, nheads, headdim)")
     validate.rank("k", k, 4, "dense (batch, seqlen_k, nheads_k, headdim)")
@@ -231,39 +226,24 @@ def flash_attn_func(
     validate.batch_matches("k", k, B)
     validate.heads(H, Hk)
     left, right = _mask(causal, window_size)
-    q_tokens = _tokens(q, B * Sq)
-    out_tokens, out_user = _output(xp, q_tokens, out, q.shape)
-    problem = AttentionProblem(
-        q=q_tokens,
-        k=_tokens(k, B * Sk),
-        v=_tokens(v, B * Sk),
-        out=out_tokens,
-        softmax_lse=xp.empty((H, B * Sq), dtype=np.float32),
-        batch_size=B,
-        seqlen_q=Sq,
-        seqlen_k=Sk,
-        max_seqlen_q=Sq,
-        max_seqlen_k=Sk,
+    _check_output(xp, q, out, (B * Sq, H, D))
+    fields = dict(
+        batch_size=B, seqlen_q=Sq, seqlen_k=Sk, max_seqlen_q=Sq, max_seqlen_k=Sk,
         **_logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, B, H),
     )
-    _run(xp, problem)
-    result = out_user if out_user is not None else out_tokens.reshape(q.shape)
-    lse = None
-    if return_softmax_lse or return_attn_probs:
-        lse = xp.ascontiguousarray(problem.softmax_lse.reshape(H, B, Sq).transpose(1, 0, 2))
-    if return_attn_probs:
-        return result, lse, None
-    return (result, lse) if return_softmax_lse else result
+    return DenseCall(xp, fields, H, D, return_softmax_lse, return_attn_probs, tuple(q.shape),
+                     tuple(k.shape))
 
 
 def _logits(xp, softmax_scale, head_dim, left, right, softcap, alibi_slopes, batch, num_heads):
-    """The AttentionProblem fields of the logit transform and mask, shared by every entry point."""
+    """The AttentionProblem fields of the logit transform and mask, shared by every entry point
+    (the slopes are validated here and passed per call: see ``_calls._Call._alibi``)."""
+    validate.alibi_slopes(alibi_slopes, xp, batch, num_heads)
     return dict(
         softmax_scale=_scale(softmax_scale, head_dim),
         window_left=left,
         window_right=right,
         softcap=float(softcap),
-        alibi_slopes=_alibi(alibi_slopes, xp, batch, num_heads),
     )
 
 
@@ -341,6 +321,31 @@ def flash_attn_varlen_func(
             deterministic=deterministic, return_attn_probs=return_attn_probs,
             return_softmax_lse=return_softmax_lse, out=out, check=check,
         )
+    key = signature((q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, out),
+                    (max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
+                     softcap, return_attn_probs, page_block_size, return_softmax_lse, check,
+                     _default_check()))
+    call = CALLS.get(key) if key is not None else None
+    if call is None:
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, out = (
+            adopt(a) for a in (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
+                               alibi_slopes, out))
+        call = _prepare_varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+            softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+            block_table, page_block_size, seqused_k, return_softmax_lse, out, check)
+        if key is not None:
+            CALLS.put(key, call)
+    return call.execute(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
+                        alibi_slopes, out)
+
+
+def _prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                    softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+                    block_table, page_block_size, seqused_k, return_softmax_lse, out,
+                    check) -> VarlenCall:
+    """Every check of flash_attn_varlen_func (value checks only with ``check``/on NumPy),
+    lowered to a VarlenCall."""
     xp, q, k, v = _common_checks(q, k, v, dropout_p, softmax_scale, window_size, softcap)
     full = _full_check(xp, check)
     validate.rank("q", q, 3, "varlen (total_q, nheads, headdim)")
@@ -362,9 +367,6 @@ def flash_attn_varlen_func(
     validate.heads(H, Hk)
     validate.max_seqlen("max_seqlen_q", max_seqlen_q)
     validate.max_seqlen("max_seqlen_k", max_seqlen_k)
-    cu_seqlens_q, cu_seqlens_k, seqused_k, block_table = (
-        adopt(a) for a in (cu_seqlens_q, cu_seqlens_k, seqused_k, block_table)
-    )
     validate.cu_seqlens("cu_seqlens_q", cu_seqlens_q, xp, q.shape[0], full)
     B = int(cu_seqlens_q.shape[0]) - 1
     validate.cu_seqlens("cu_seqlens_k", cu_seqlens_k, xp, None if paged else k.shape[0], full)
@@ -392,30 +394,13 @@ def flash_attn_varlen_func(
             )
             validate.block_ids_in_range(block_table, lengths_k, P, int(k.shape[0]))
     left, right = _mask(causal, window_size)
-    out_tokens, out_user = _output(xp, q, out, q.shape)
-    problem = AttentionProblem(
-        q=q,
-        k=k,
-        v=v,
-        out=out_tokens,
-        softmax_lse=xp.empty((H, q.shape[0]), dtype=np.float32),
-        batch_size=B,
-        seqlen_q=0,
-        seqlen_k=0,
-        max_seqlen_q=int(max_seqlen_q),
-        max_seqlen_k=int(max_seqlen_k),
-        cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k,
-        seqused_k=seqused_k,
-        block_table=block_table,
-        page_block_size=P,
+    _check_output(xp, q, out, tuple(q.shape))
+    fields = dict(
+        batch_size=B, seqlen_q=0, seqlen_k=0, max_seqlen_q=int(max_seqlen_q),
+        max_seqlen_k=int(max_seqlen_k), page_block_size=P,
         **_logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, B, H),
     )
-    _run(xp, problem)
-    result = out_user if out_user is not None else out_tokens
-    if return_attn_probs:
-        return result, problem.softmax_lse, None
-    return (result, problem.softmax_lse) if return_softmax_lse else result
+    return VarlenCall(xp, fields, H, D, return_softmax_lse, return_attn_probs)
 
 
 def _varlen_from_cache(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
@@ -513,27 +498,55 @@ def flash_attn_with_kvcache(
                                       cache_seqlens=lens, block_table=table, causal=True)
         lens += 1
     """
-    from . import rotary as rotary_ops
+    if isinstance(k_cache, PagedKVCache):
+        return _kvcache_from_cache(
+            k_cache, q, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+            rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, page_block_size,
+            seq_ids, out, check,
+        )
+    # cache_seqlens: an int is part of the signature's scalars, an array of its arrays.
+    lens_int = cache_seqlens if isinstance(cache_seqlens, (int, np.integer)) else None
+    lens_array = None if lens_int is not None else cache_seqlens
+    key = signature(
+        (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lens_array, cache_batch_idx,
+         cache_leftpad, block_table, alibi_slopes, out),
+        (lens_int, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits,
+         return_softmax_lse, page_block_size, seq_ids, check, _default_check()),
+    )
+    call = CALLS.get(key) if key is not None else None
+    if call is None:
+        arrays = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lens_array, cache_batch_idx,
+                  cache_leftpad, block_table, alibi_slopes, out)
+        (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lens_array, cache_batch_idx,
+         cache_leftpad, block_table, alibi_slopes, out) = (adopt(a) for a in arrays)
+        call = _prepare_kvcache(
+            q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+            lens_int if lens_int is not None else lens_array, cache_batch_idx, cache_leftpad,
+            block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved,
+            alibi_slopes, num_splits, return_softmax_lse, page_block_size, out, check,
+        )
+        if key is not None:
+            CALLS.put(key, call)
+    return call.execute(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lens_array,
+                        cache_batch_idx, cache_leftpad, block_table, alibi_slopes, out)
 
-    cache_obj = k_cache if isinstance(k_cache, PagedKVCache) else None
-    if cache_obj is not None:
-        for name, given in (("v_cache", v_cache), ("cache_seqlens", cache_seqlens),
-                            ("block_table", block_table), ("cache_batch_idx", cache_batch_idx),
-                            ("cache_leftpad", cache_leftpad)):
-            if given is not None:
-                raise explain(
-                    ArgumentError, name, "is read from the PagedKVCache passed as k_cache", "None",
-                    type(given).__name__, f"drop {name}; the cache supplies it",
-                )
-        validate.page_block_size(page_block_size, cache_obj.k_pages)
-        k_cache, v_cache = cache_obj.k_pages, cache_obj.v_pages
-        seq_ids = list(cache_obj.seq_ids) if seq_ids is None else list(seq_ids)
-    xp, q, k_cache, v_cache = _common_checks(q, k_cache, v_cache, 0.0, softmax_scale, window_size, softcap)
+
+def _prepare_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                     cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                     window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
+                     return_softmax_lse, page_block_size, out, check,
+                     cache_names=("k_cache", "v_cache")) -> KVCacheCall:
+    """Every check of flash_attn_with_kvcache -- the new k/v, rotary tables, ALiBi slopes and
+    ``out`` included -- BEFORE anything is appended: a call that raises leaves the cache as it
+    was.  Lowered to a KVCacheCall, whose execute() appends and attends."""
+    xp, q, k_cache, v_cache = _common_checks(q, k_cache, v_cache, 0.0, softmax_scale, window_size,
+                                             softcap)
     validate.num_splits(num_splits)
     full = _full_check(xp, check)
     validate.rank("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     B, Sq, H, D = (int(s) for s in q.shape)
-    paged = block_table is not None or cache_obj is not None
+    paged = block_table is not None
     if paged:
         validate.paged_kv(k_cache, v_cache, "k_cache", "v_cache")
     else:
@@ -542,7 +555,6 @@ def flash_attn_with_kvcache(
     validate.kv_same_shape(k_cache, v_cache, "k_cache", "v_cache")
     Hk = int(k_cache.shape[2])
     validate.heads(H, Hk)
-    k, v = adopt(k), adopt(v)
     if (k is None) != (v is None):
         raise explain(
             ArgumentError, "k" if k is None else "v", "new keys and values must be given together",
@@ -560,8 +572,11 @@ def flash_attn_with_kvcache(
                 validate.ShapeError, "k", "new keys must have the cache's (nheads_k, headdim)",
                 (Hk, D), tuple(k.shape[2:]), "project new keys with the cache's head layout",
             )
+        for name, a in zip(cache_names, (k_cache, v_cache)):
+            validate.writable(name, a, f"make {name} writeable ({name}.flags.writeable = True, "
+                                       "or copy it): the new k/v are appended into it in place; "
+                                       "or call without k/v")
         S_new = int(k.shape[1])
-    rotary_cos, rotary_sin = adopt(rotary_cos), adopt(rotary_sin)
     if rotary_cos is not None and k is None:
         raise explain(
             ArgumentError, "rotary_cos", "rotary embedding needs the new keys it rotates",
@@ -569,14 +584,7 @@ def flash_attn_with_kvcache(
             "pass the new k and v, or rotate q yourself",
         )
 
-    if cache_obj is not None:
-        return _kvcache_from_cache(
-            cache_obj, seq_ids, xp, q, k, v, rotary_cos, rotary_sin, rotary_interleaved, causal,
-            window_size, softmax_scale, softcap, alibi_slopes, return_softmax_lse, out, full,
-        )
-
     # cache geometry
-    cache_batch_idx, cache_leftpad, block_table = (adopt(a) for a in (cache_batch_idx, cache_leftpad, block_table))
     if paged:
         P = validate.page_block_size(page_block_size, k_cache)
         validate.block_table(block_table, xp, B)
@@ -588,6 +596,13 @@ def flash_attn_with_kvcache(
                     "None with block_table", "an array", "point the block table at the right pages instead",
                 )
     else:
+        if page_block_size is not None:
+            raise explain(
+                ArgumentError, "page_block_size", "is only meaningful with a paged cache",
+                "block_table together with page_block_size", "page_block_size without block_table",
+                "pass block_table (and a cache of shape (num_blocks, page_block_size, Hk, D)) or "
+                "drop page_block_size",
+            )
         P = 0
         capacity = int(k_cache.shape[1])
         if cache_batch_idx is None:
@@ -598,6 +613,9 @@ def flash_attn_with_kvcache(
             validate.index_array("cache_leftpad", cache_leftpad, xp, 1, length=B)
     seqlens = _cache_seqlens(cache_seqlens, xp, B, capacity)
     validate.rotary(rotary_cos, rotary_sin, xp, D, None)
+    left, right = _mask(causal, window_size)
+    _check_output(xp, q, out, (B * Sq, H, D))
+    logits = _logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, B, H)
 
     if full:
         host_lens = validate._host(seqlens).astype(np.int64)
@@ -618,44 +636,16 @@ def flash_attn_with_kvcache(
         if paged:
             validate.block_ids_in_range(block_table, host_lens + S_new, P, int(k_cache.shape[0]))
 
-    # Rotary on q and the new k, then the new k/v written into the cache in place (on CuPy: one
-    # fused kernel for k/v plus one for q, no host synchronisation).
-    if k is not None:
-        left, right = _mask(causal, window_size)
-        q = rotary_ops.rotate_and_append(
-            q, k_cache, v_cache, k, v, seqlens, cos=rotary_cos, sin=rotary_sin,
-            interleaved=rotary_interleaved, q_per_token=causal or left >= 0 or right >= 0,
-            cache_batch_idx=cache_batch_idx, block_table=block_table if paged else None,
-        )
-    seqused = (seqlens + S_new).astype(np.int32)
-
-    left, right = _mask(causal, window_size)
-    q_tokens = _tokens(q, B * Sq)
-    out_tokens, out_user = _output(xp, q_tokens, out, q.shape)
-    problem = AttentionProblem(
-        q=q_tokens,
-        k=k_cache if paged else _tokens(k_cache, k_cache.shape[0] * k_cache.shape[1]),
-        v=v_cache if paged else _tokens(v_cache, v_cache.shape[0] * v_cache.shape[1]),
-        out=out_tokens,
-        softmax_lse=xp.empty((H, B * Sq), dtype=np.float32),
-        batch_size=B,
-        seqlen_q=Sq,
-        seqlen_k=capacity,
-        max_seqlen_q=Sq,
-        max_seqlen_k=capacity,
-        seqused_k=seqused,
-        cache_batch_idx=cache_batch_idx,
-        leftpad_k=cache_leftpad,
-        block_table=block_table,
-        page_block_size=P,
-        **_logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, B, H),
-        num_splits=int(num_splits),
+    fields = dict(
+        batch_size=B, seqlen_q=Sq, seqlen_k=capacity, max_seqlen_q=Sq, max_seqlen_k=capacity,
+        page_block_size=P, seqused_k_add=S_new, num_splits=int(num_splits), **logits,
     )
-    _run(xp, problem)
-    result = out_user if out_user is not None else out_tokens.reshape(q.shape)
-    if return_softmax_lse:
-        return result, xp.ascontiguousarray(problem.softmax_lse.reshape(H, B, Sq).transpose(1, 0, 2))
-    return result
+    return KVCacheCall(
+        xp, fields, H, D, return_softmax_lse, q_shape=tuple(q.shape),
+        k_cache_rows=None if paged else (int(k_cache.shape[0]) * int(k_cache.shape[1]), Hk, D),
+        paged=paged, seqlens=None if seqlens is cache_seqlens else seqlens,
+        rotary_interleaved=rotary_interleaved, q_per_token=causal or left >= 0 or right >= 0,
+    )
 
 
 def _cache_seqlens(cache_seqlens, xp, batch, capacity):
@@ -663,13 +653,12 @@ def _cache_seqlens(cache_seqlens, xp, batch, capacity):
     if cache_seqlens is None:
         return xp.full((batch,), capacity, dtype=np.int32)
     if isinstance(cache_seqlens, (int, np.integer)):
-        if not 0 <= int(cache_seqlens) <= capacity:
+        if isinstance(cache_seqlens, bool) or not 0 <= int(cache_seqlens) <= capacity:
             raise explain(
                 SeqlenError, "cache_seqlens", "is outside the cache", f"0 <= cache_seqlens <= {capacity}",
-                int(cache_seqlens), "pass the number of tokens already in the cache",
+                repr(cache_seqlens), "pass the number of tokens already in the cache",
             )
         return xp.full((batch,), int(cache_seqlens), dtype=np.int32)
-    cache_seqlens = adopt(cache_seqlens)
     validate.index_array("cache_seqlens", cache_seqlens, xp, 1, length=batch)
     return cache_seqlens
 
@@ -691,29 +680,54 @@ def _rotate_new_tokens(xp, q, k, cache_seqlens, cos, sin, interleaved, causal, w
     return apply_rotary(q, cos, sin, q_pos, interleaved), apply_rotary(k, cos, sin, k_pos, interleaved)
 
 
-def _kvcache_from_cache(cache, seq_ids, xp, q, k, v, rotary_cos, rotary_sin, rotary_interleaved,
-                        causal, window_size, softmax_scale, softcap, alibi_slopes,
-                        return_softmax_lse, out, full):
-    """flash_attn_with_kvcache on a PagedKVCache: append through the cache (which allocates
-    pages), then attend over its tables and lengths."""
-    B, Sq, H, D = (int(s) for s in q.shape)
+def _kvcache_from_cache(cache, q, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                        cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                        window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
+                        return_softmax_lse, page_block_size, seq_ids, out, check):
+    """flash_attn_with_kvcache on a PagedKVCache: validate the whole call first (against the
+    cache's pools, tables and lengths), then append through the cache (which allocates pages
+    and raises CacheExhaustedError before changing anything), then attend over its tables and
+    lengths.  A call that raises leaves the cache exactly as it was."""
+    for name, given in (("v_cache", v_cache), ("cache_seqlens", cache_seqlens),
+                        ("block_table", block_table), ("cache_batch_idx", cache_batch_idx),
+                        ("cache_leftpad", cache_leftpad)):
+        if given is not None:
+            raise explain(
+                ArgumentError, name, "is read from the PagedKVCache passed as k_cache", "None",
+                type(given).__name__, f"drop {name}; the cache supplies it",
+            )
+    validate.page_block_size(page_block_size, cache.k_pages)
+    seq_ids = list(cache.seq_ids) if seq_ids is None else list(seq_ids)
+    q, k, v, rotary_cos, rotary_sin, alibi_slopes, out = (
+        adopt(a) for a in (q, k, v, rotary_cos, rotary_sin, alibi_slopes, out))
+    validate.same_library(q=q, k_cache=cache.k_pages)
+    validate.rank("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
+    B = int(q.shape[0])
     if len(seq_ids) != B:
         raise explain(
             validate.ShapeError, "seq_ids", "must name one cache sequence per batch entry of q",
             f"{B} ids", f"{len(seq_ids)} ids", "pass seq_ids=[...] with q.shape[0] entries",
         )
-    before = cache.seqlens(seq_ids)
+    before = cache.seqlens(seq_ids)  # also rejects unknown or repeated ids
+    table = cache.block_table(seq_ids)
+    common = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                  softcap=softcap, alibi_slopes=alibi_slopes, num_splits=num_splits,
+                  return_softmax_lse=return_softmax_lse, page_block_size=None, out=out)
+    # The whole call, new tokens and rotary tables included, against the cache as it is; the
+    # cache's own tables and lengths are consistent by construction, so value checks run only
+    # when asked.  Nothing has been written yet.
+    _prepare_kvcache(q, cache.k_pages, cache.v_pages, k, v, rotary_cos, rotary_sin, before, None,
+                     None, table, rotary_interleaved=rotary_interleaved, check=check,
+                     cache_names=("cache.k_pages", "cache.v_pages"), **common)
+    attend = _prepare_kvcache(q, cache.k_pages, cache.v_pages, None, None, None, None, before,
+                              None, None, table, rotary_interleaved=rotary_interleaved,
+                              check=False, **common)
+    xp = cache.xp
     if rotary_cos is not None:
-        validate.rotary(rotary_cos, rotary_sin, xp, D, None)
-        if full:
-            needed = validate._host(before).astype(np.int64) + int(k.shape[1])
-            validate.rotary_covers(rotary_cos, int(needed.max(initial=0)))
-        q, k = _rotate_new_tokens(xp, q, k, before, rotary_cos, rotary_sin, rotary_interleaved, causal, window_size)
+        q, k = _rotate_new_tokens(xp, q, k, before, rotary_cos, rotary_sin, rotary_interleaved,
+                                  causal, window_size)
     if k is not None:
         cache.append(seq_ids, k, v)
-    return flash_attn_with_kvcache(
-        q, cache.k_pages, cache.v_pages, cache_seqlens=cache.seqlens(seq_ids),
-        block_table=cache.block_table(seq_ids), softmax_scale=softmax_scale, causal=causal,
-        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-        return_softmax_lse=return_softmax_lse, out=out, check=full,
-    )
+    return attend.execute(q, cache.k_pages, cache.v_pages, None, None, None, None,
+                          cache.seqlens(seq_ids), None, None, cache.block_table(seq_ids),
+                          alibi_slopes, out)

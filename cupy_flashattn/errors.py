@@ -13,6 +13,7 @@ __all__ = [
     "PageSizeMismatchError",
     "DTypeError",
     "LayoutError",
+    "ReadOnlyError",
     "DeviceError",
     "SeqlenError",
     "BlockTableError",
@@ -41,6 +42,11 @@ class DTypeError(FlashAttnError, TypeError):
 
 class LayoutError(FlashAttnError, ValueError):
     """An argument's memory layout (strides) cannot be read by the kernels."""
+
+
+class ReadOnlyError(LayoutError):
+    """An array the call writes in place (``out``, a KV cache that receives new k/v, the pools
+    of a PagedKVCache) is read-only (NumPy ``flags.writeable`` is False)."""
 
 
 class DeviceError(FlashAttnError, TypeError):

@@ -21,8 +21,10 @@ from .errors import (
     DTypeError,
     SeqlenError,
     ShapeError,
+    UnsupportedError,
     explain,
 )
+from .validate import MAX_HEAD_DIM, writable
 
 __all__ = ["PagedKVCache"]
 
@@ -57,6 +59,23 @@ def _positive_int(name: str, value) -> int:
             ArgumentError, name, "must be at least 1", ">= 1", int(value), f"pass {name} >= 1",
         )
     return int(value)
+
+
+def _head_dim(value) -> int:
+    head_dim = _positive_int("head_dim", value)
+    if head_dim > MAX_HEAD_DIM:
+        # Refused here rather than at the first attention call, after the pools were allocated
+        # and filled.
+        raise explain(
+            UnsupportedError, "head_dim",
+            f"head dims above {MAX_HEAD_DIM} are not supported yet (the attention kernels are "
+            f"instantiated for 1 <= head_dim <= {MAX_HEAD_DIM}, flash-attn's limit too)",
+            f"1 <= head_dim <= {MAX_HEAD_DIM}", head_dim,
+            "split each head into several heads of at most "
+            f"{MAX_HEAD_DIM} dims (e.g. num_heads_k * 2 heads of head_dim // 2), or project to a "
+            "smaller head dim",
+        )
+    return head_dim
 
 
 def _cache_dtype(dtype) -> np.dtype:
@@ -112,7 +131,7 @@ class PagedKVCache:
         page_block_size: tokens per page, P (int >= 1; any size works, flash-attn uses 256,
             vLLM 8/16/32).
         num_heads_k: key/value heads, Hk.
-        head_dim: head dimension, D.
+        head_dim: head dimension, D (1 .. 256, the kernels' range).
         dtype: float16, bfloat16 (``ml_dtypes.bfloat16`` or ``"bfloat16"``), float32 or float64.
         max_blocks_per_seq: pages one sequence may own, i.e. the width of :meth:`block_table`;
             defaults to ``num_blocks``.
@@ -137,7 +156,7 @@ class PagedKVCache:
         self._num_blocks = _positive_int("num_blocks", num_blocks)
         self._page_block_size = _positive_int("page_block_size", page_block_size)
         num_heads_k = _positive_int("num_heads_k", num_heads_k)
-        head_dim = _positive_int("head_dim", head_dim)
+        head_dim = _head_dim(head_dim)
         self._max_blocks_per_seq = (
             self._num_blocks
             if max_blocks_per_seq is None
@@ -293,6 +312,9 @@ class PagedKVCache:
         """
         seqs = self._sequences(seq_ids)
         counts = self._new_token_counts(k_new, v_new, cu_seqlens, len(seqs))
+        for name, pool in (("cache.k_pages", self.k_pages), ("cache.v_pages", self.v_pages)):
+            writable(name, pool, f"make the pool writeable again ({name}.flags.writeable = True, "
+                                 "or copy it) before appending")
         added = self._reserve(seqs, counts)  # raises before anything changes
         try:
             self._scatter(seqs, counts, k_new, v_new)

@@ -10,6 +10,9 @@ attention combine their pieces)::
 computed stably by subtracting ``max(lse_a, lse_b)`` before exponentiating.  A partial that saw
 no key has LSE +inf (flash-attn's convention) or -inf (the mathematical one); either way it gets
 weight 0, whatever its ``out`` holds.  If neither part saw a key, the result is 0 with LSE +inf.
+A partial whose LSE is NaN (its scores held a NaN) makes the row's result NaN, out and LSE; a
+NaN in the ``out`` of a partial that has a key (finite LSE) reaches the result too, however
+small that partial's weight.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b):
     Returns:
         ``(out, lse)``: ``out`` in out_a's shape and dtype, ``lse`` in lse_a's shape, float32
         (float64 when any input is float64, which is also the compute precision then;
-        otherwise the merge is computed in float32).  Rows empty in both parts give 0 and +inf.
+        otherwise the merge is computed in float32).  Rows empty in both parts give 0 and +inf;
+        a NaN LSE in either part gives NaN (out and LSE).
         Works on NumPy and CuPy arrays (CuPy: one kernel, the split-KV combine kernel of
         ``cuda_src/flash_decode.cu``, for float16/bfloat16/float32 outputs with float32 LSEs;
         a handful of elementwise kernels otherwise; never a host sync).
@@ -57,6 +61,8 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b):
     ct = np.float64 if wide else np.float32
 
     la, lb = _finite_or_neg_inf(xp, lse_a, ct), _finite_or_neg_inf(xp, lse_b, ct)
+    # NaN (a partial whose scores held a NaN) propagates through maximum, the weights and the
+    # LSE, so such rows come out NaN; it is not "empty" (NaN == -inf is false).
     m = xp.maximum(la, lb)
     empty = m == -np.inf  # neither part saw a key
     m = xp.where(empty, ct(0), m)  # any finite shift works; avoids (-inf) - (-inf) = nan
@@ -66,9 +72,14 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b):
     scale_a = _row_weights(xp.where(empty, ct(0), wa / xp.where(empty, ct(1), total)), out_a.ndim)
     scale_b = _row_weights(xp.where(empty, ct(0), wb / xp.where(empty, ct(1), total)), out_b.ndim)
 
-    # An empty part's out may hold anything (even nan); select instead of multiplying by 0.
-    out = xp.where(scale_a > 0, scale_a * out_a.astype(ct), ct(0)) + xp.where(
-        scale_b > 0, scale_b * out_b.astype(ct), ct(0)
+    # An empty part's out may hold anything (even nan); select on "has a key" (LSE not
+    # infinite: finite or NaN) instead of multiplying by 0.  A part with a key contributes
+    # scale * out even when its weight underflows to 0, so a NaN in its out (or a NaN scale)
+    # reaches the result -- as in the CUDA combine kernel.
+    has_a = _row_weights(~xp.isinf(lse_a), out_a.ndim)
+    has_b = _row_weights(~xp.isinf(lse_b), out_b.ndim)
+    out = xp.where(has_a, scale_a * out_a.astype(ct), ct(0)) + xp.where(
+        has_b, scale_b * out_b.astype(ct), ct(0)
     )
     return out.astype(out_a.dtype), lse.astype(np.float64 if wide else np.float32)
 

@@ -17,7 +17,7 @@ ignore it and map positions through the block table)::
 
     if cu_seqlens_k is not None:  k_start = cu_seqlens_k[b];  base_len = cu_seqlens_k[b+1] - cu_seqlens_k[b]
     else:                         k_start = (cache_batch_idx[b] if given else b) * seqlen_k;  base_len = seqlen_k
-    len_k = seqused_k[b] if seqused_k is not None else base_len
+    len_k = seqused_k[b] + seqused_k_add if seqused_k is not None else base_len
     if leftpad_k is not None:     k_start += leftpad_k[b];  len_k -= leftpad_k[b]
 
 Paged: logical key position ``p`` of sequence ``b`` is row ``p % P`` of page
@@ -67,6 +67,7 @@ class AttentionProblem:
     cu_seqlens_q: Optional[Any] = None  # int32 (B+1,)
     cu_seqlens_k: Optional[Any] = None  # int32 (B+1,)
     seqused_k: Optional[Any] = None  # int32 (B,)
+    seqused_k_add: int = 0  # added to every seqused_k[b] (with_kvcache: the appended tokens)
     cache_batch_idx: Optional[Any] = None  # int32 (B,)
     leftpad_k: Optional[Any] = None  # int32 (B,)
 
@@ -139,7 +140,7 @@ def resolve_sequence(p: AttentionProblem, b: int):
         k_start = (int(bidx[b]) if bidx is not None else b) * p.seqlen_k
         len_k = p.seqlen_k
     if used is not None:
-        len_k = int(used[b])
+        len_k = int(used[b]) + p.seqused_k_add
     if lpad is not None:
         k_start += int(lpad[b])
         len_k -= int(lpad[b])

@@ -41,6 +41,12 @@ def attention_ref(
     alibi_slopes: ``(H,)`` or ``(B, H)``; adds ``-slope * |i + Sk - Sq - j|``.
     Returns ``out`` in q's dtype (float64 when upcast) and, with ``return_lse``, the natural-log
     LSE ``(H, Sq)`` / ``(B, H, Sq)`` in float64 (+inf for rows that see no key; their output is 0).
+
+    Non-finite inputs follow IEEE arithmetic over the keys a row sees: a NaN logit (NaN q or k,
+    a NaN slope) or a +inf one (its ``exp(inf - inf)``) makes the row's output and LSE NaN; a
+    -inf logit weighs 0 like a masked key; a NaN / inf in v (row j, column d) reaches column d
+    of the rows that give key j a nonzero weight; a key of weight 0 (masked, a -inf logit, an
+    underflow) contributes nothing, whatever its v holds.
     """
     q, k, v = _to_numpy(q), _to_numpy(k), _to_numpy(v)
     alibi_slopes = _to_numpy(alibi_slopes)
@@ -81,17 +87,42 @@ def attention_ref(
         visible &= j <= diag + right
     scores = np.where(visible, scores, -np.inf)
     row_max = scores.max(axis=-1, keepdims=True) if Sk > 0 else np.full((B, H, Sq, 1), -np.inf)
-    empty = ~np.isfinite(row_max)
+    # Empty: no visible key (or only -inf logits).  A NaN max (a NaN logit) is not empty, and a
+    # +inf max is not either: exp(inf - inf) = NaN makes that row NaN, as in a plain softmax.
+    empty = row_max == -np.inf
     safe_max = np.where(empty, 0.0, row_max)
-    p = np.exp(scores - safe_max)
+    with np.errstate(invalid="ignore"):  # inf - inf of a +inf logit: NaN on purpose
+        p = np.exp(scores - safe_max)
     denom = p.sum(axis=-1, keepdims=True)
     probs = rnd(np.where(empty, 0.0, p / np.where(empty, 1.0, denom)))
-    out = np.einsum("bhij,bjhd->bihd", probs, vv)
+    out = _probs_times_v(probs, vv)
     lse = np.where(empty[..., 0], np.inf, (safe_max + np.log(np.where(empty, 1.0, denom)))[..., 0])
     out = out if upcast else out.astype(dtype)
     if not batched:
         out, lse = out[0], lse[0]
     return (out, lse) if return_lse else out
+
+
+def _probs_times_v(probs, vv):
+    """``out[b, i, h] = sum_j probs[b, h, i, j] * vv[b, j, h]`` over the keys j of nonzero weight.
+
+    The plain einsum also multiplies the v of a key of weight 0 (masked for row i) by 0, and
+    0 * NaN = NaN would let a NaN (or inf) in v leak into rows that never see its key.  So
+    non-finite v entries are left out of the einsum, and what they do to the rows that give
+    their key a nonzero (positive) weight is added back: a NaN, or both infinities, -> NaN;
+    +inf or -inf -> that infinity."""
+    finite = np.isfinite(vv)
+    if finite.all():
+        return np.einsum("bhij,bjhd->bihd", probs, vv)
+    out = np.einsum("bhij,bjhd->bihd", probs, np.where(finite, vv, 0.0))
+    weighted = (probs != 0).astype(np.float64)  # NaN weights (NaN rows) too: out is NaN there
+
+    def reached(mask):  # out elements that some key of nonzero weight with mask[j] reaches
+        return np.einsum("bhij,bjhd->bihd", weighted, mask.astype(np.float64)) > 0
+
+    pos, neg = reached(vv == np.inf), reached(vv == -np.inf)
+    nan = reached(np.isnan(vv)) | (pos & neg) | np.isnan(out)
+    return np.where(nan, np.nan, np.where(pos, np.inf, np.where(neg, -np.inf, out)))
 
 
 def problem_ref(problem, upcast=True):

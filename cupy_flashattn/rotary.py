@@ -235,7 +235,8 @@ def _int32(xp, a):
 
 
 def _kernel_append(xp, k_cache, v_cache, k_new, v_new, seqlens, mode, *, batch_idx=None,
-                   table=None, page_size=0, cos=None, sin=None, interleaved=False) -> bool:
+                   table=None, page_size=0, cos=None, sin=None, interleaved=False,
+                   plans=None) -> bool:
     """Append (and rotate k) with the fused CUDA kernel (kv_cache.cu); False when it does not
     apply (dtype, layouts), so the caller falls back to the generic scatter."""
     if int(k_new.shape[1]) == 0 or int(k_new.shape[0]) == 0:
@@ -250,18 +251,21 @@ def _kernel_append(xp, k_cache, v_cache, k_new, v_new, seqlens, mode, *, batch_i
 
     rope_append(k_new, k_cache, src2=v_new, dst2=v_cache, mode=mode, seqlens=_int32(xp, seqlens),
                 batch_idx=_int32(xp, batch_idx), table=_int32(xp, table), page_size=page_size,
-                cos=cos, sin=sin, interleaved=interleaved, pos_per_token=True)
+                cos=cos, sin=sin, interleaved=interleaved, pos_per_token=True, plans=plans,
+                slot="kv")
     return True
 
 
 def rotate_and_append(q, k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=None, sin=None,
-                      interleaved=False, q_per_token=True, cache_batch_idx=None, block_table=None):
+                      interleaved=False, q_per_token=True, cache_batch_idx=None, block_table=None,
+                      plans=None):
     """flash_attn_with_kvcache's pre-attention step on CuPy in two kernel launches, no host sync:
     rotate q (positions ``cache_seqlens[b] + i`` when ``q_per_token``, else ``cache_seqlens[b]``)
     and, in one pass, rotate the new k at ``cache_seqlens[b] + i`` while writing it and v into the
     contiguous (``cache_batch_idx``) or paged (``block_table``) cache.  Returns the rotated q (q
     itself without tables).  Same values, bit for bit, as apply_rotary + append_kv_*; falls back
-    to them where the kernel does not apply."""
+    to them where the kernel does not apply.  ``plans``: a dict in which a caller of fixed
+    signature keeps the kernels' launch plans between calls (``_calls.KVCacheCall``)."""
     xp = array_module(q)
     paged = block_table is not None
     fused = (
@@ -288,12 +292,12 @@ def rotate_and_append(q, k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=N
         src = q if q.strides[-1] == q.itemsize else xp.ascontiguousarray(q)
         q_rot = xp.empty(q.shape, dtype=q.dtype)
         rope_append(src, q_rot, mode=0, seqlens=seqlens, cos=cos, sin=sin, interleaved=interleaved,
-                    pos_per_token=q_per_token)
+                    pos_per_token=q_per_token, plans=plans, slot="q")
         q = q_rot
     P = int(k_cache.shape[1]) if paged else 0
     if not _kernel_append(xp, k_cache, v_cache, k_new, v_new, seqlens, 2 if paged else 1,
                           batch_idx=cache_batch_idx, table=block_table, page_size=P,
-                          cos=cos, sin=sin, interleaved=interleaved):
+                          cos=cos, sin=sin, interleaved=interleaved, plans=plans):
         if cos is not None:
             base = seqlens[:, None]
             k_pos = base + xp.arange(int(k_new.shape[1]), dtype=np.int32)[None, :]

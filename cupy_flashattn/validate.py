@@ -25,6 +25,7 @@ from .errors import (
     DTypeError,
     LayoutError,
     PageSizeMismatchError,
+    ReadOnlyError,
     SeqlenError,
     ShapeError,
     UnsupportedError,
@@ -34,6 +35,10 @@ from .errors import (
 #: Largest head dim the kernels are instantiated for (flash-attn's limit too).
 MAX_HEAD_DIM = 256
 
+#: Largest window side: the kernels take it as a 32-bit int (as flash-attn's C++ does); any side
+#: longer than the longest sequence already means "unlimited", so nothing is lost.
+MAX_WINDOW = 2**31 - 1
+
 GPU_DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))
 CPU_DTYPES = GPU_DTYPES + (np.dtype(np.float64),)
 
@@ -42,6 +47,15 @@ _ACCEPTED = "a NumPy array (CPU backend) or a CuPy array (CUDA backend; torch/JA
 
 def _shape(a) -> str:
     return str(tuple(int(s) for s in a.shape))
+
+
+def _describe(value) -> str:
+    """``value`` with its type, for messages where the repr alone misleads ("got 0.5" for the
+    string '0.5', or for a 0-d array)."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        kind = f"{type(value).__module__.split('.')[0]}.{type(value).__name__}"
+        return f"a {len(value.shape)}-d {kind} of dtype {dtype_name(value.dtype)} ({value!r})"
+    return f"{type(value).__name__} {value!r}"
 
 
 # -- arrays, devices, dtypes ----------------------------------------------------------------
@@ -110,8 +124,36 @@ def dtype_supported(name: str, a, xp):
         )
 
 
+def out_dtype(out, q):
+    """A preallocated ``out`` has q's dtype (the output is written in the inputs' dtype).
+
+    Call it before :func:`same_dtype`-style q/k/v checks see ``out``, so the message talks about
+    the output buffer and not about "query and key/value"."""
+    if out is not None and np.dtype(out.dtype) != np.dtype(q.dtype):
+        raise explain(
+            DTypeError, "out", "the output buffer must have q's dtype (out is written in q's dtype)",
+            dtype_name(q.dtype), dtype_name(out.dtype),
+            "allocate it with xp.empty_like(q), or cast the result yourself after the call",
+        )
+
+
+def writable(name: str, a, fix: str):
+    """``a`` (None skipped) can be written in place: a NumPy array with ``flags.writeable``
+    False (a read-only view, ``np.broadcast_to``, an array over read-only memory) would only
+    fail after the computation, or deep inside the cache update.  CuPy arrays are always
+    writable."""
+    if isinstance(a, np.ndarray) and not a.flags.writeable:
+        raise explain(
+            ReadOnlyError, name, "is read-only but this call writes it in place",
+            "a writeable array (flags.writeable is True)", "flags.writeable == False", fix,
+        )
+
+
 def same_dtype(reference_name: str, reference, **arrays):
     for name, a in arrays.items():
+        if name == "out":
+            out_dtype(a, reference)  # an output buffer, not a "query and key/value" mismatch
+            continue
         if a is not None and np.dtype(a.dtype) != np.dtype(reference.dtype):
             raise explain(
                 DTypeError, name, f"query and key/value must have the same dtype as {reference_name}",
@@ -151,7 +193,9 @@ def rank(name: str, a, ndim: int, layout: str):
 
 
 def last_dim_contiguous(name: str, a):
-    if a.ndim and a.shape[-1] > 1 and a.strides[-1] != a.itemsize:
+    # A zero-size array holds no element to read, and NumPy gives it all-zero strides: its
+    # layout cannot be wrong (the shape checks then say what is wrong with it, if anything).
+    if a.ndim and a.size and a.shape[-1] > 1 and a.strides[-1] != a.itemsize:
         raise explain(
             LayoutError, name, "Input tensor must have contiguous last dimension",
             f"stride {a.itemsize} bytes", f"stride {a.strides[-1]} bytes",
@@ -171,7 +215,13 @@ def head_dims(q, k, v):
                 f"last dim {a.shape[-1]} (shape {_shape(a)})",
                 "use the same head dim for q, k and v",
             )
-    if not 1 <= D <= MAX_HEAD_DIM:
+    if D < 1:
+        raise explain(
+            ShapeError, "q", "head dimension must be at least 1", f"1 <= head_dim <= {MAX_HEAD_DIM}",
+            f"head_dim {D} (shape {_shape(q)})",
+            "give q, k and v a last dim (head_dim) >= 1; a zero-size head carries no data",
+        )
+    if D > MAX_HEAD_DIM:
         raise explain(
             UnsupportedError, "q", f"FlashAttention forward only supports head dimension at most {MAX_HEAD_DIM}",
             f"1 <= head_dim <= {MAX_HEAD_DIM}", D,
@@ -180,7 +230,13 @@ def head_dims(q, k, v):
 
 
 def heads(num_heads: int, num_heads_k: int):
-    if num_heads_k < 1 or num_heads % num_heads_k != 0:
+    if num_heads_k < 1:
+        raise explain(
+            ShapeError, "k", "must have at least one key/value head (nheads_k = k.shape[-2])",
+            f"1 <= Hk <= H={num_heads}, a divisor of H", f"Hk={num_heads_k}",
+            "give k and v shape (..., nheads_k, headdim) with nheads_k >= 1 (1 = MQA)",
+        )
+    if num_heads % num_heads_k != 0:
         raise explain(
             ShapeError, "k", "Number of heads in key/value must divide number of heads in query",
             f"a divisor of H={num_heads}", f"Hk={num_heads_k}",
@@ -219,7 +275,19 @@ def dropout(dropout_p):
 def softmax_scale(scale):
     if scale is None:
         return
-    if not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+    # numbers.Real covers float, int, np.float32...; not str, bool (a mistake), or arrays (a
+    # 0-d array would be read through float() and, on CuPy, force a device sync).
+    if not isinstance(scale, numbers.Real) or isinstance(scale, (bool, np.bool_)):
+        fix = "pass a Python float, or None for 1/sqrt(head_dim)"
+        if isinstance(scale, str):
+            fix = f"convert the string: softmax_scale=float({scale!r}), or pass None"
+        elif hasattr(scale, "shape"):
+            fix = "pass softmax_scale=float(scale) (a host number, not an array), or None"
+        raise explain(
+            ArgumentError, "softmax_scale", "must be a real number (a Python or NumPy scalar)",
+            "a float such as 1/sqrt(head_dim), or None", _describe(scale), fix,
+        )
+    if not math.isfinite(scale):
         raise explain(
             ArgumentError, "softmax_scale", "must be a finite number", "e.g. 1/sqrt(head_dim)",
             scale, "pass a float, or None for 1/sqrt(head_dim)",
@@ -227,17 +295,28 @@ def softmax_scale(scale):
 
 
 def window_size(window):
-    ok = (
-        isinstance(window, (tuple, list))
-        and len(window) == 2
-        and all(isinstance(w, numbers.Integral) and w >= -1 for w in window)
-    )
-    if not ok:
+    if not (isinstance(window, (tuple, list)) and len(window) == 2):
         raise explain(
             ArgumentError, "window_size", "must be a pair of ints >= -1 (-1 = unlimited)",
-            "(left, right), e.g. (-1, -1) or (256, 0)", window,
+            "(left, right), e.g. (-1, -1) or (256, 0)", repr(window),
             "pass window_size=(left, right) with -1 for no limit",
         )
+    for side, w in zip(("left", "right"), window):
+        # bool is an Integral, but window_size=(True, False) is certainly a mistake (causal=True?)
+        if not isinstance(w, numbers.Integral) or isinstance(w, (bool, np.bool_)):
+            raise explain(
+                ArgumentError, "window_size", f"the {side} side must be an int (-1 = unlimited)",
+                "(left, right) ints, e.g. (-1, -1) or (256, 0)",
+                f"{_describe(w)} in {window!r}",
+                "pass window_size=(left, right) with ints; for a causal mask pass causal=True",
+            )
+        if not -1 <= w <= MAX_WINDOW:
+            raise explain(
+                ArgumentError, "window_size",
+                f"the {side} side must be -1 (unlimited) or a key count in [0, 2**31 - 1]",
+                f"(left, right) with -1 <= {side} <= {MAX_WINDOW}", f"{side} = {int(w)} in {window!r}",
+                "pass -1 for no limit (any window longer than the sequences is the same)",
+            )
 
 
 def softcap(cap):
@@ -330,10 +409,13 @@ def block_table(table, xp, batch: int):
 
 def block_ids_in_range(table, lengths, page_size: int, num_blocks: int):
     """Host-side: every page a sequence uses (positions < its length) is in [0, num_blocks)."""
-    table = _host(table)
     lengths = np.asarray(_host(lengths), dtype=np.int64)
     used = (lengths + page_size - 1) // page_size
-    cols = np.arange(table.shape[1])[None, :]
+    # Only the columns some sequence uses: the cost follows the sequences, not the table width
+    # (a PagedKVCache's table is as wide as its pool by default).
+    width = min(int(used.max(initial=0)), int(table.shape[1]))
+    table = _host(table[:, :width])
+    cols = np.arange(width)[None, :]
     in_use = cols < used[:, None]
     bad = in_use & ((table < 0) | (table >= num_blocks))
     if bad.any():
@@ -364,7 +446,15 @@ def lengths_fit(name: str, lengths, capacity: int, why: str, fix: str):
 
 def seqused_within(used, lengths):
     """Host-side: seqused_k[b] is in [0, cu_seqlens_k[b+1] - cu_seqlens_k[b]]."""
-    bad = (used < 0) | (used > lengths)
+    negative = used < 0
+    if negative.any():
+        b = int(np.argmax(negative))
+        raise explain(
+            SeqlenError, "seqused_k", f"sequence {b} has a negative number of used keys",
+            f"0 <= seqused_k[{b}] <= {int(lengths[b])}", int(used[b]),
+            "seqused_k[b] counts the keys of sequence b to attend to: pass values >= 0",
+        )
+    bad = used > lengths
     if bad.any():
         b = int(np.argmax(bad))
         raise explain(

@@ -132,6 +132,52 @@ def test_bench_cpu_small():
     assert "FLOP/s" in res.stdout and "GB/s" in res.stdout
 
 
+def test_bench_cpu_compares_with_numpy_float32_and_pool_sizes():
+    """Issue 10, defect 8: the CPU bench also times a plain NumPy float32 matmul + softmax of the
+    same work (not only the float64 oracle), and decode steps against pools of several sizes
+    (defect 5)."""
+    res = run_cli("bench", "--cpu", "--seqlen", "64", "--head-dim", "32", "--repeats", "1",
+                  "--pool-pages", "64", "2048")
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    assert "NumPy float32 (matmul + softmax)" in out and "reference (NumPy float64)" in out
+    assert "NumPy float32 (matmul + softmax, contiguous)" in out
+    assert "x its time" in out and "max |ours - NumPy float32|" in out
+    for dtype in ("bfloat16", "float32"):
+        for pages in (64, 2048):
+            assert f"decode PagedKVCache {dtype}, pool {pages} pages" in out
+    assert "BLAS" in out  # says when NumPy is the faster choice
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--seqlen", "0"], "--seqlen: 0 is out of range"),
+    (["--seqlen", "-5"], "--seqlen: -5 is out of range"),
+    (["--seqlen", "abc"], "--seqlen: 'abc' is not an int"),
+    (["--head-dim", "0"], "--head-dim: 0 is out of range: the head dim must be in 1..256"),
+    (["--head-dim", "300"], "--head-dim: 300 is out of range"),
+    (["--repeats", "0"], "--repeats: 0 is out of range: the number of timed runs must be >= 1"),
+    (["--pool-pages", "0"], "--pool-pages: 0 is out of range"),
+])
+def test_bench_rejects_bad_arguments(capsys, argv, fragment):
+    """Issue 10, defect 8: these gave a traceback or silently used the defaults."""
+    assert cli.main(["bench", "--cpu", *argv]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "usage:" in err and "Traceback" not in err
+
+
+def test_numpy_attention_f32_matches_reference():
+    from cupy_flashattn.reference import attention_ref
+
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((2, 5, 4, 16)).astype(np.float32)
+    k = rng.standard_normal((2, 7, 2, 16)).astype(np.float32)
+    v = rng.standard_normal((2, 7, 2, 16)).astype(np.float32)
+    for causal in (False, True):
+        got = cli.numpy_attention_f32(q, k, v, causal=causal)
+        assert got.dtype == np.float32 and got.shape == q.shape
+        np.testing.assert_allclose(got, attention_ref(q, k, v, causal=causal), atol=1e-5)
+
+
 def test_progress_bar_without_tty():
     buf = io.StringIO()
     bar = cli.ProgressBar(4, stream=buf, width=8)

@@ -78,6 +78,8 @@ def test_decode_source_inlines_headers():
         assert f'/{name}"' in src
 
 
-def test_packed_params_match_compile_params():
-    """run_decode packs the shared FwdParams arguments in a fixed order: it must be PARAMS'."""
-    assert tuple(n for _, n in cc.PARAMS) == dc.PACKED_PARAMS
+def test_decode_args_extend_the_prefill_params():
+    """The decode kernel's packed struct is FwdParams' fields (compile.PARAMS, in order) plus
+    its own extras, so the prefill launcher's fwd_values() fills both."""
+    assert dc.DECODE_ARGS.names == tuple(n for _, n in cc.PARAMS) + tuple(n for _, n in dc.DECODE_EXTRA)
+    assert cc.FWD_ARGS.names == tuple(n for _, n in cc.PARAMS)

@@ -21,9 +21,10 @@ from .compile import (  # noqa: F401
     shipped_keys,
     traits,
 )
-from .launch import is_available, needs_temporaries, select_kernel  # noqa: F401
+from .launch import PrefillPlan, is_available, needs_temporaries, select_kernel  # noqa: F401
 from .launch import run_attention as run_prefill  # noqa: F401
 from .decode import (  # noqa: F401
+    DecodePlan,
     decode_applies,
     decode_len_q_limit,
     merge_states,
@@ -47,24 +48,34 @@ def mixed_split(problem):
     return decode_len_q_limit(p.num_heads, p.num_heads_k)
 
 
-def run_attention(problem) -> None:
-    """Fill ``problem.out`` / ``problem.softmax_lse`` on the current CuPy stream (no host sync):
-    decode kernel when :func:`decode_applies`; for a mixed varlen batch (chunked prefill next to
+def plan_attention(problem):
+    """The launch plan that serves ``problem`` (host-only decisions, no launch): the decode
+    kernel when :func:`decode_applies`; for a mixed varlen batch (chunked prefill next to
     decode steps) both kernels, each serving its own sequences (:func:`mixed_split`); else the
-    prefill kernel."""
+    prefill kernel.  A plan depends only on the problem's shapes, strides, dtypes, alignment and
+    scalars, so it can be replayed on other arrays of the same signature (api.py caches it)."""
     if decode_applies(problem):
-        run_decode(problem)
-        return
+        return (DecodePlan(problem),)
     limit = mixed_split(problem)
     if limit is None:
-        run_prefill(problem)
-        return
-    run_decode(problem, len_q_max=limit)
-    run_prefill(problem, len_q_min=limit + 1)
+        return (PrefillPlan(problem),)
+    return (DecodePlan(problem, len_q_max=limit), PrefillPlan(problem, len_q_min=limit + 1))
+
+
+def run_attention(problem, plan=None):
+    """Fill ``problem.out`` / ``problem.softmax_lse`` on the current CuPy stream (no host sync),
+    with ``plan`` (from :func:`plan_attention` for a problem of the same signature) or a new
+    one; returns the plan used."""
+    if plan is None:
+        plan = plan_attention(problem)
+    for launch in plan:
+        launch.run(problem)
+    return plan
 
 
 __all__ = [
     "run_attention",
+    "plan_attention",
     "run_prefill",
     "run_decode",
     "decode_applies",

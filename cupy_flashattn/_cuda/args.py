@@ -39,14 +39,25 @@ def pad_last(a, d_to, dtype):
     return out
 
 
-def elem_stride(a, i) -> np.int64:
+def elem_stride(a, i) -> int:
     """Stride of dim ``i`` in elements."""
-    return np.int64(a.strides[i] // a.itemsize)
+    return int(a.strides[i] // a.itemsize)
 
 
-def ptr(a):
-    """An array argument, or a null pointer for None."""
-    return np.uint64(0) if a is None else a
+#: The pointer fields of ``fa::FwdParams`` and the AttentionProblem field each one reads when
+#: the launch is direct (:attr:`Operands.direct`): what a replayed plan rebinds per call.
+PROBLEM_POINTERS = (
+    ("q", "q"), ("k", "k"), ("v", "v"), ("o", "out"), ("lse", "softmax_lse"),
+    ("cu_seqlens_q", "cu_seqlens_q"), ("cu_seqlens_k", "cu_seqlens_k"),
+    ("seqused_k", "seqused_k"), ("cache_batch_idx", "cache_batch_idx"),
+    ("leftpad_k", "leftpad_k"), ("block_table", "block_table"),
+    ("alibi_slopes", "alibi_slopes"),
+)
+
+
+def problem_pointers(p) -> dict:
+    """FwdParams pointer field -> the problem's array (for :meth:`ArgPack.bind`)."""
+    return {field: getattr(p, attr) for field, attr in PROBLEM_POINTERS}
 
 
 def window(w: int) -> int:
@@ -87,8 +98,18 @@ class Operands:
             lse = cupy.empty((p.num_heads, p.total_q), dtype=np.float32)
         self.q, self.k, self.v, self.o, self.lse = q, k, v, o, lse
 
-    def fwd_params(self, len_q_min: int = 0, len_q_max: int = INT_MAX) -> tuple:
-        """The flat ``fa::FwdParams`` arguments, in ``compile.PARAMS`` order."""
+    @property
+    def direct(self) -> bool:
+        """True when the kernel reads and writes the problem's own arrays (no adaptation copy,
+        no temporary): then a launch plan can be replayed on other arrays of the same shapes,
+        strides and alignment by rebinding pointers alone."""
+        p = self.problem
+        return (self.q is p.q and self.k is p.k and self.v is p.v and self.o is p.out
+                and self.lse is p.softmax_lse)
+
+    def fwd_values(self, len_q_min: int = 0, len_q_max: int = INT_MAX) -> dict:
+        """The ``fa::FwdParams`` fields (``compile.PARAMS`` names) -> values; arrays (or None)
+        for the pointer fields."""
         p, q, k, v, o, lse = self.problem, self.q, self.k, self.v, self.o, self.lse
         if p.paged:
             k_page, k_row, k_head = elem_stride(k, 0), elem_stride(k, 1), elem_stride(k, 2)
@@ -96,26 +117,27 @@ class Operands:
             table_stride, max_blocks = elem_stride(table, 0), int(table.shape[1])
             page_size = int(p.page_block_size)
         else:
-            k_page, k_row, k_head = np.int64(0), elem_stride(k, 0), elem_stride(k, 1)
-            table, table_stride, max_blocks, page_size = None, np.int64(0), 0, 0
+            k_page, k_row, k_head = 0, elem_stride(k, 0), elem_stride(k, 1)
+            table, table_stride, max_blocks, page_size = None, 0, 0, 0
         alibi = p.alibi_slopes
         a_b, a_h = (elem_stride(alibi, 0), elem_stride(alibi, 1)) if alibi is not None else (0, 0)
         H, Hk = p.num_heads, p.num_heads_k
-        return (
-            q, k, v, o, lse,
-            ptr(p.cu_seqlens_q), ptr(p.cu_seqlens_k), ptr(p.seqused_k),
-            ptr(p.cache_batch_idx), ptr(p.leftpad_k), ptr(table), ptr(alibi),
-            elem_stride(q, 0), elem_stride(q, 1),
-            k_row, k_head, k_page,
-            elem_stride(o, 0), elem_stride(o, 1),
-            np.int64(lse.strides[0] // 4),
-            np.int32(a_b), np.int32(a_h), np.int32(table_stride),
-            np.int32(p.batch_size), np.int32(p.seqlen_q), np.int32(p.seqlen_k),
-            np.int32(p.total_q), np.int32(k.shape[0]), np.int32(H), np.int32(H // Hk),
-            np.int32(self.head_dim8), np.int32(page_size), np.int32(max_blocks),
-            np.int32(window(p.window_left)), np.int32(window(p.window_right)),
-            np.float32(p.softmax_scale), np.float32(p.softcap if p.softcap > 0 else 0.0),
-            np.int32(len_q_min), np.int32(len_q_max),
+        return dict(
+            q=q, k=k, v=v, o=o, lse=lse,
+            cu_seqlens_q=p.cu_seqlens_q, cu_seqlens_k=p.cu_seqlens_k, seqused_k=p.seqused_k,
+            cache_batch_idx=p.cache_batch_idx, leftpad_k=p.leftpad_k, block_table=table,
+            alibi_slopes=alibi,
+            q_row_stride=elem_stride(q, 0), q_head_stride=elem_stride(q, 1),
+            k_row_stride=k_row, k_head_stride=k_head, k_page_stride=k_page,
+            o_row_stride=elem_stride(o, 0), o_head_stride=elem_stride(o, 1),
+            lse_head_stride=lse.strides[0] // 4,
+            alibi_batch_stride=a_b, alibi_head_stride=a_h, table_batch_stride=table_stride,
+            batch=p.batch_size, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
+            total_q=p.total_q, k_rows=k.shape[0], num_heads=H, h_per_kv=H // Hk,
+            head_dim=self.head_dim8, page_size=page_size, max_blocks_per_seq=max_blocks,
+            window_left=window(p.window_left), window_right=window(p.window_right),
+            softmax_scale=p.softmax_scale, softcap=p.softcap if p.softcap > 0 else 0.0,
+            len_q_min=len_q_min, len_q_max=len_q_max, seqused_k_add=p.seqused_k_add,
         )  # fmt: skip
 
     def finish(self) -> None:

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence, Union
 
+from .packing import ArgPack
 from .source import build_source, cuda_source_dir
 
 __all__ = [
@@ -91,6 +92,7 @@ PARAMS = (
     ("float", "softcap"),
     ("int", "len_q_min"),
     ("int", "len_q_max"),
+    ("int", "seqused_k_add"),
 )
 
 
@@ -218,18 +220,20 @@ def shipped_keys() -> list:
     ]
 
 
+#: The forward entry points' one argument (see packing.py): PARAMS as a struct.
+FWD_ARGS = ArgPack("fa_fwd_args", PARAMS)
+
+
 def _wrapper(key: KernelKey) -> str:
     t = traits(key.head_dim)
-    args = ",\n    ".join(f"{ctype} {name}" for ctype, name in PARAMS)
-    assigns = "\n".join(f"  p.{name} = {name};" for _, name in PARAMS)
     elem = "fa::Bf16" if key.dtype == "bf16" else "fa::F16"
     tr_cxx = t.cxx if key.head_dim in _OVERRIDES else f"fa::FwdTraits<{key.head_dim}>"
     b = lambda x: "true" if x else "false"  # noqa: E731
     return f"""
 extern "C" __global__ void __launch_bounds__({t.num_threads}, {t.min_blocks_per_sm}) {key.name}(
-    {args}) {{
+    const fa_fwd_args a) {{
   fa::FwdParams p;
-{assigns}
+{FWD_ARGS.assign("p")}
   fa::flash_fwd<{tr_cxx}, {elem}, {b(key.transform)}, {b(key.paged)}>(p);
 }}
 """
@@ -239,17 +243,20 @@ def kernel_source(keys: Union[KernelKey, Iterable[KernelKey]]) -> str:
     """Translation unit: flash_fwd.cu with headers inlined, plus one entry point per key."""
     if isinstance(keys, KernelKey):
         keys = [keys]
-    return build_source("flash_fwd.cu") + '#line 1 "<generated entry points>"\n' + "".join(
-        _wrapper(k) for k in keys
-    )
+    return (build_source("flash_fwd.cu") + '#line 1 "<generated entry points>"\n'
+            + FWD_ARGS.c_struct() + "".join(_wrapper(k) for k in keys))
 
 
 def get_kernel(key: KernelKey):
-    """The ``cupy.RawKernel`` of one instantiation, compiled on first use (cached)."""
-    return _get_kernel(key, _OVERRIDES.get(key.head_dim))
+    """The ``cupy.RawKernel`` of one instantiation on the current device, compiled on first use
+    (cached per device)."""
+    override = _OVERRIDES.get(key.head_dim)
+    smem = (override or traits(key.head_dim)).smem_bytes
+    if key not in _COMPILED:
+        _COMPILED.append(key)
+    return load_function(("fwd", key, override), lambda: kernel_source(key), key.name, smem)
 
 
-get_kernel.cache_info = lambda: _get_kernel.cache_info()  # type: ignore[attr-defined]
 _COMPILED: list = []
 
 
@@ -258,19 +265,37 @@ def compiled_kernels() -> list:
     return list(_COMPILED)
 
 
-@functools.cache
-def _get_kernel(key: KernelKey, override):
+_MODULES: dict = {}
+_FUNCTIONS: dict = {}
+
+
+def load_function(cache_key, make_source, name: str, smem_bytes: int, device_id=None):
+    """Kernel ``name`` of the module built from ``make_source()``, on ``device_id`` (default:
+    the current device), with its dynamic shared-memory limit raised when it needs > 48 KB.
+
+    CuPy keeps one loaded function per device and ``max_dynamic_shared_size_bytes`` is a
+    per-function (so per-device) attribute: it is set here for every device the kernel is
+    launched on, not only the first one (a config cached after a launch on GPU 0 would
+    otherwise fail on GPU 1).  The module is loaded per device too (the devices may differ in
+    architecture); its compiled code comes from CuPy's disk cache after the first build."""
     import cupy
 
-    log.info("compiling %s (first use)", key.name)
-    module = cupy.RawModule(code=kernel_source(key), options=NVRTC_OPTIONS)
-    kern = module.get_function(key.name)
-    smem = (override or traits(key.head_dim)).smem_bytes
-    if key not in _COMPILED:
-        _COMPILED.append(key)
-    if smem > 48 * 1024:
-        kern.max_dynamic_shared_size_bytes = smem
-    return kern
+    if device_id is None:
+        device_id = cupy.cuda.runtime.getDevice()
+    fkey = (cache_key, device_id)
+    fn = _FUNCTIONS.get(fkey)
+    if fn is not None:
+        return fn
+    with cupy.cuda.Device(device_id):
+        module = _MODULES.get(fkey)
+        if module is None:
+            log.info("compiling %s (first use on device %d)", name, device_id)
+            module = _MODULES[fkey] = cupy.RawModule(code=make_source(), options=NVRTC_OPTIONS)
+        fn = module.get_function(name)
+        if smem_bytes > 48 * 1024:
+            fn.max_dynamic_shared_size_bytes = smem_bytes
+    _FUNCTIONS[fkey] = fn
+    return fn
 
 
 def precompile(

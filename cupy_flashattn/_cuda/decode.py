@@ -30,11 +30,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..problem import AttentionProblem
-from .args import INT_MAX, Operands
+from .args import INT_MAX, Operands, problem_pointers
 from .args import bf16_dtype as _bf16
 from .args import elem_stride as _es
-from .args import ptr as _ptr
-from .compile import NVRTC_OPTIONS, PARAMS
+from .compile import PARAMS, load_function
+from .packing import ArgPack
 from .source import build_source
 
 __all__ = [
@@ -95,18 +95,6 @@ ROPE_FIELDS = (
     ("int", "elem_type"),
 )  # fmt: skip
 
-# The order in which run_decode packs compile.PARAMS (shared with the prefill kernel's entry
-# points); tests/test_nvrtc_compile_decode.py fails if compile.PARAMS drifts from it.
-PACKED_PARAMS = (
-    "q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "cache_batch_idx",
-    "leftpad_k", "block_table", "alibi_slopes", "q_row_stride", "q_head_stride", "k_row_stride",
-    "k_head_stride", "k_page_stride", "o_row_stride", "o_head_stride", "lse_head_stride",
-    "alibi_batch_stride", "alibi_head_stride", "table_batch_stride", "batch", "seqlen_q",
-    "seqlen_k", "total_q", "k_rows", "num_heads", "h_per_kv", "head_dim", "page_size",
-    "max_blocks_per_seq", "window_left", "window_right", "softmax_scale", "softcap",
-    "len_q_min", "len_q_max",
-)  # fmt: skip
-
 COMBINE_NAME = "fa_decode_combine"
 ROPE_NAME = "fa_rope_append"
 
@@ -160,33 +148,33 @@ def decode_shipped_keys() -> list:
 
 # -- source ---------------------------------------------------------------------------------
 
-
-def _flat(fields):
-    return ",\n    ".join(f"{ctype} {name}" for ctype, name in fields)
+#: One packed argument struct per entry point (packing.py): the decode kernel takes the
+#: prefill kernel's FwdParams fields plus its own; combine and rope/append their own fields.
+DECODE_ARGS = ArgPack("fa_decode_args", PARAMS + DECODE_EXTRA)
+COMBINE_ARGS = ArgPack("fa_combine_args", COMBINE_FIELDS)
+ROPE_ARGS = ArgPack("fa_rope_args", ROPE_FIELDS)
+_PARAM_NAMES = tuple(n for _, n in PARAMS)
+_EXTRA_NAMES = tuple(n for _, n in DECODE_EXTRA)
 
 
 def _decode_wrapper(key: DecodeKey) -> str:
     elem = "fa::Bf16" if key.dtype == "bf16" else "fa::F16"
-    assigns = "\n".join(f"  dp.f.{n} = {n};" for _, n in PARAMS)
-    extra = "\n".join(f"  dp.{n} = {n};" for _, n in DECODE_EXTRA)
     return f"""
 extern "C" __global__ void __launch_bounds__({DECODE_THREADS}, {key.min_blocks}) {key.name}(
-    {_flat(PARAMS + DECODE_EXTRA)}) {{
+    const fa_decode_args a) {{
   fa::DecodeParams dp;
-{assigns}
-{extra}
+{DECODE_ARGS.assign("dp.f", names=_PARAM_NAMES)}
+{DECODE_ARGS.assign("dp", names=_EXTRA_NAMES)}
   fa::flash_decode<{key.head_dim}, {elem}>(dp);
 }}
 """
 
 
-def _struct_wrapper(name: str, struct: str, fn: str, fields, threads: int) -> str:
-    assigns = "\n".join(f"  c.{n} = {n};" for _, n in fields)
+def _struct_wrapper(name: str, struct: str, fn: str, pack: ArgPack, threads: int) -> str:
     return f"""
-extern "C" __global__ void __launch_bounds__({threads}) {name}(
-    {_flat(fields)}) {{
+extern "C" __global__ void __launch_bounds__({threads}) {name}(const {pack.struct_name} a) {{
   fa::{struct} c;
-{assigns}
+{pack.assign("c")}
   fa::{fn}(c);
 }}
 """
@@ -194,46 +182,33 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}(
 
 def decode_source(keys=(), combine: bool = True) -> str:
     """flash_decode.cu (headers inlined) + entry points of ``keys`` (+ the combine kernel)."""
+    keys = list(keys)
     src = build_source("flash_decode.cu") + '#line 1 "<generated decode entry points>"\n'
-    src += "".join(_decode_wrapper(k) for k in keys)
+    if keys:
+        src += DECODE_ARGS.c_struct() + "".join(_decode_wrapper(k) for k in keys)
     if combine:
-        src += _struct_wrapper(COMBINE_NAME, "CombineParams", "combine_states", COMBINE_FIELDS, 128)
+        src += COMBINE_ARGS.c_struct()
+        src += _struct_wrapper(COMBINE_NAME, "CombineParams", "combine_states", COMBINE_ARGS, 128)
     return src
 
 
 def rope_source() -> str:
-    return build_source("kv_cache.cu") + '#line 1 "<generated rope entry point>"\n' + _struct_wrapper(
-        ROPE_NAME, "RopeAppendParams", "rope_append", ROPE_FIELDS, 128
-    )
+    return (build_source("kv_cache.cu") + '#line 1 "<generated rope entry point>"\n'
+            + ROPE_ARGS.c_struct()
+            + _struct_wrapper(ROPE_NAME, "RopeAppendParams", "rope_append", ROPE_ARGS, 128))
 
 
-@functools.cache
 def _decode_kernel(key: DecodeKey):
-    import cupy
-
-    log.info("compiling %s (first use)", key.name)
-    mod = cupy.RawModule(code=decode_source([key], combine=False), options=NVRTC_OPTIONS)
-    kern = mod.get_function(key.name)
-    smem = smem_bytes(key.head_dim)
-    if smem > 48 * 1024:
-        kern.max_dynamic_shared_size_bytes = smem
-    return kern
+    return load_function(("decode", key), lambda: decode_source([key], combine=False), key.name,
+                         smem_bytes(key.head_dim))
 
 
-@functools.cache
 def _combine_kernel():
-    import cupy
-
-    log.info("compiling %s (first use)", COMBINE_NAME)
-    return cupy.RawModule(code=decode_source([], combine=True), options=NVRTC_OPTIONS).get_function(COMBINE_NAME)
+    return load_function(("combine",), lambda: decode_source([], combine=True), COMBINE_NAME, 0)
 
 
-@functools.cache
 def _rope_kernel():
-    import cupy
-
-    log.info("compiling %s (first use)", ROPE_NAME)
-    return cupy.RawModule(code=rope_source(), options=NVRTC_OPTIONS).get_function(ROPE_NAME)
+    return load_function(("rope",), rope_source, ROPE_NAME, 0)
 
 
 def precompile_decode(dtypes=("f16", "bf16"), buckets=DECODE_BUCKETS) -> list:
@@ -313,18 +288,6 @@ def _elem_code(dtype) -> int:
     raise TypeError(f"unsupported dtype {dtype}")
 
 
-
-
-
-
-
-
-
-
-
-
-
-
 def plan(problem: AttentionProblem, len_q_max=None):
     """(key, m_blocks, num_splits) the launcher would use (host-only, no launch).  With
     ``len_q_max`` (the decode half of a mixed batch) the grid covers queries up to that length
@@ -349,61 +312,105 @@ def plan(problem: AttentionProblem, len_q_max=None):
     return key, m_blocks, splits
 
 
+class DecodePlan:
+    """Host-side decisions of one decode launch (kernel, split count, grid, packed arguments),
+    made once per problem shape: :meth:`run` then only allocates the split workspace, rebinds
+    the pointers of the problem's arrays and launches (no host sync, CUDA-graph safe).  When
+    the launch needs adapted operands (:attr:`Operands.direct` is False) every run rebuilds
+    them."""
+
+    def __init__(self, problem: AttentionProblem, len_q_max=None):
+        p = problem
+        self.key, self.m_blocks, self.splits = plan(p, len_q_max)
+        self.compute_dtype = np.dtype(np.float16) if self.key.dtype == "f16" else _bf16()
+        self.kernel = _decode_kernel(self.key)
+        self.smem = smem_bytes(self.key.head_dim)
+        self.len_q_max = INT_MAX if len_q_max is None else int(len_q_max)
+        self.grid = (self.splits * self.m_blocks, p.num_heads_k, int(p.batch_size))
+        self.empty = not (p.total_q > 0 and p.batch_size > 0 and p.max_seqlen_q > 0)
+        d8 = -(-p.head_dim // 8) * 8
+        H, total_q = p.num_heads, p.total_q
+        self.oacc_shape = (self.splits, total_q, H, d8)
+        self.lacc_shape = (self.splits, H, total_q)
+        # Rows that no sequence covers (varlen) must read as empty in the combine.
+        self.lacc_fill = p.cu_seqlens_q is not None
+        ops = Operands(p, self.compute_dtype)
+        self.direct = ops.direct
+        if self.direct:
+            self.template = DECODE_ARGS.new(self._values(ops))
+            self.combine_template = COMBINE_ARGS.new(self._combine_values(ops.o, ops.lse))
+
+    def _values(self, ops, oacc=None, lacc=None) -> dict:
+        return {**ops.fwd_values(len_q_max=self.len_q_max), "oaccum": oacc, "lse_accum": lacc,
+                "num_splits": self.splits, "m_blocks": self.m_blocks,
+                "paged": 1 if ops.problem.paged else 0}
+
+    def _combine_values(self, o, lse, oacc=None, lacc=None) -> dict:
+        _, total_q, H, d8 = self.oacc_shape
+        return combine_values(
+            oacc, lacc, o, lse, splits=self.splits, rows=total_q, heads=H, head_dim=d8,
+            o_split=total_q * H * d8, o_row=H * d8, o_head=d8,
+            lse_split=H * total_q, lse_rows=total_q, lse_batch=0, lse_head=total_q,
+            out_row=_es(o, 0), out_head=_es(o, 1), lse_out_batch=0,
+            lse_out_head=lse.strides[0] // 4, in_type=0, out_type=_elem_code(o.dtype),
+        )
+
+    def run(self, p: AttentionProblem) -> None:
+        import cupy
+
+        if self.empty:
+            return
+        oacc = lacc = None
+        if self.splits > 1:
+            oacc = cupy.empty(self.oacc_shape, dtype=np.float32)
+            if self.lacc_fill:
+                lacc = cupy.full(self.lacc_shape, -np.inf, dtype=np.float32)
+            else:
+                lacc = cupy.empty(self.lacc_shape, dtype=np.float32)
+        if self.direct:
+            ops = None
+            args = DECODE_ARGS.bind(self.template, {**problem_pointers(p), "oaccum": oacc,
+                                                     "lse_accum": lacc})
+        else:
+            ops = Operands(p, self.compute_dtype)
+            args = DECODE_ARGS.new(self._values(ops, oacc, lacc))
+        self.kernel(self.grid, (DECODE_THREADS,), (args,), shared_mem=self.smem)
+        if self.splits > 1:
+            if ops is None:
+                cargs = COMBINE_ARGS.bind(self.combine_template, {
+                    "o_in": oacc, "lse_in": lacc, "o_out": p.out, "lse_out": p.softmax_lse})
+            else:
+                cargs = COMBINE_ARGS.new(self._combine_values(ops.o, ops.lse, oacc, lacc))
+            _launch_combine(cargs, self.oacc_shape[1] * self.oacc_shape[2])
+        if ops is not None:
+            ops.finish()
+
+
 def run_decode(problem: AttentionProblem, len_q_max=None) -> None:
     """Fill ``problem.out`` / ``problem.softmax_lse`` with the decode kernel (no host sync).
     With ``len_q_max``, only sequences of at most that many queries are served (mixed batch)."""
-    import cupy
-
-    p = problem
-    key, m_blocks, splits = plan(p, len_q_max)
-    ops = Operands(p, np.dtype(np.float16) if key.dtype == "f16" else _bf16())
-    H, Hk, total_q, d8 = p.num_heads, p.num_heads_k, p.total_q, ops.head_dim8
-    grid = (splits * m_blocks, Hk, int(p.batch_size))
-    if not (total_q > 0 and p.batch_size > 0 and p.max_seqlen_q > 0):
-        ops.finish()
-        return
-    if splits > 1:
-        oacc = cupy.empty((splits, total_q, H, d8), dtype=np.float32)
-        # Rows that no sequence covers (varlen) must read as empty in the combine.
-        if p.cu_seqlens_q is not None:
-            lacc = cupy.full((splits, H, total_q), -np.inf, dtype=np.float32)
-        else:
-            lacc = cupy.empty((splits, H, total_q), dtype=np.float32)
-    else:
-        oacc = lacc = None
-    args = ops.fwd_params(len_q_max=INT_MAX if len_q_max is None else len_q_max) + (
-        _ptr(oacc), _ptr(lacc), np.int32(splits), np.int32(m_blocks), np.int32(1 if p.paged else 0),
-    )  # fmt: skip
-    _decode_kernel(key)(grid, (DECODE_THREADS,), args, shared_mem=smem_bytes(key.head_dim))
-    if splits > 1:
-        o, lse = ops.o, ops.lse
-        _combine(
-            oacc, lacc, o, lse, splits=splits, rows=total_q, heads=H, head_dim=d8,
-            o_split=total_q * H * d8, o_row=H * d8, o_head=d8,
-            lse_split=H * total_q, lse_rows=total_q, lse_batch=0, lse_head=total_q,
-            out_row=int(_es(o, 0)), out_head=int(_es(o, 1)),
-            lse_out_rows=total_q, lse_out_batch=0, lse_out_head=int(lse.strides[0] // 4),
-            in_type=0, out_type=_elem_code(o.dtype),
-        )
-    ops.finish()
+    DecodePlan(problem, len_q_max).run(problem)
 
 
-def _combine(o_in, lse_in, o_out, lse_out, *, splits, rows, heads, head_dim, o_split, o_row, o_head,
-             lse_split, lse_rows, lse_batch, lse_head, out_row, out_head, lse_out_rows,
-             lse_out_batch, lse_out_head, in_type, out_type):
-    assert lse_rows == lse_out_rows
-    pairs = rows * heads
-    if pairs == 0:
-        return
-    args = (
-        o_in, lse_in, o_out, lse_out,
-        np.int64(o_split), np.int64(o_row), np.int64(o_head),
-        np.int64(lse_split), np.int64(lse_batch), np.int64(lse_head),
-        np.int64(out_row), np.int64(out_head), np.int64(lse_out_batch), np.int64(lse_out_head),
-        np.int32(max(1, lse_rows)), np.int32(rows), np.int32(heads), np.int32(head_dim),
-        np.int32(splits), np.int32(in_type), np.int32(out_type),
-    )  # fmt: skip
-    _combine_kernel()((-(-pairs // 4),), (128,), args)
+def combine_values(o_in, lse_in, o_out, lse_out, *, splits, rows, heads, head_dim, o_split, o_row,
+                   o_head, lse_split, lse_rows, lse_batch, lse_head, out_row, out_head,
+                   lse_out_batch, lse_out_head, in_type, out_type) -> dict:
+    """The combine kernel's ``fa::CombineParams`` fields (COMBINE_FIELDS names) -> values."""
+    return dict(
+        o_in=o_in, lse_in=lse_in, o_out=o_out, lse_out=lse_out,
+        o_split_stride=o_split, o_row_stride=o_row, o_head_stride=o_head,
+        lse_split_stride=lse_split, lse_batch_stride=lse_batch, lse_head_stride=lse_head,
+        out_row_stride=out_row, out_head_stride=out_head,
+        lse_out_batch_stride=lse_out_batch, lse_out_head_stride=lse_out_head,
+        lse_rows=max(1, lse_rows), rows=rows, heads=heads, head_dim=head_dim,
+        num_splits=splits, in_type=in_type, out_type=out_type,
+    )
+
+
+def _launch_combine(args, pairs: int) -> None:
+    """One thread group of 32 per (row, head) pair, 4 pairs per 128-thread CTA."""
+    if pairs > 0:
+        _combine_kernel()((-(-pairs // 4),), (128,), (args,))
 
 
 def merge_states(out_a, lse_a, out_b, lse_b):
@@ -432,62 +439,102 @@ def merge_states(out_a, lse_a, out_b, lse_b):
         lse_rows, lse_batch, lse_head = S, H * S, S
     out = cupy.empty(oa.shape, dtype=oa.dtype)
     lse = cupy.empty(la.shape, dtype=np.float32)
-    _combine(
+    values = combine_values(
         oa, la, out, lse, splits=2, rows=rows, heads=H, head_dim=D,
         o_split=o_split // isz, o_row=H * D, o_head=D,
         lse_split=l_split // 4, lse_rows=lse_rows, lse_batch=lse_batch, lse_head=lse_head,
-        out_row=H * D, out_head=D, lse_out_rows=lse_rows, lse_out_batch=lse_batch,
+        out_row=H * D, out_head=D, lse_out_batch=lse_batch,
         lse_out_head=lse_head, in_type=_elem_code(oa.dtype), out_type=_elem_code(oa.dtype),
     )
+    _launch_combine(COMBINE_ARGS.new(values), rows * H)
     return out, lse
 
 
 # -- rotary + append (kv_cache.cu) -------------------------------------------------------
 
 
-def rope_append(src, dst, *, src2=None, dst2=None, mode=0, seqlens=None, batch_idx=None,
-                table=None, page_size=0, cos=None, sin=None, interleaved=False, positions=None,
-                pos_per_token=True):
-    """Launch ``fa_rope_append``: rotate ``src`` (B, S, H, D) (when cos/sin are given) into
-    ``dst`` -- a dense (B, S, H, D) array (mode 0), a contiguous cache (B_cache, S_cache, H, D)
-    (mode 1) or a page pool (num_blocks, P, H, D) (mode 2) -- and copy ``src2`` into ``dst2``
-    with the same mapping.  Out-of-range destinations are dropped on the device."""
+#: Pointer fields of the rope/append kernel, rebound per call by a replayed plan.
+ROPE_POINTERS = ("src", "dst", "src2", "dst2", "seqlens", "batch_idx", "table", "cos", "sin",
+                 "positions")
+
+
+class RopePlan:
+    """One ``fa_rope_append`` launch for arrays of fixed shapes/strides/dtypes: rotate ``src``
+    (B, S, H, D) (when cos/sin are given) into ``dst`` -- a dense (B, S, H, D) array (mode 0),
+    a contiguous cache (B_cache, S_cache, H, D) (mode 1) or a page pool (num_blocks, P, H, D)
+    (mode 2) -- and copy ``src2`` into ``dst2`` with the same mapping.  Out-of-range
+    destinations are dropped on the device.  Every array must have a contiguous last dim,
+    ``seqlens``/``batch_idx``/``table``/``positions`` int32 and ``sin`` the dtype of ``cos``
+    (the caller adapts them: :func:`rope_append`)."""
+
+    def __init__(self, src, dst, *, src2=None, dst2=None, mode=0, seqlens=None, batch_idx=None,
+                 table=None, page_size=0, cos=None, sin=None, interleaved=False, positions=None,
+                 pos_per_token=True):
+        B, S, H, D = (int(x) for x in src.shape)
+        self.empty = B * S * H == 0
+        rot_half = seqlen_ro = cs_type = c_stride = s_stride = 0
+        if cos is not None:
+            rot_half, seqlen_ro, cs_type = int(cos.shape[1]), int(cos.shape[0]), _elem_code(cos.dtype)
+            c_stride, s_stride = _es(cos, 0), _es(sin, 0)
+        pos_b = pos_s = 0
+        if positions is not None:
+            pos_b, pos_s = _es(positions, 0), _es(positions, 1)
+        t_stride, t_width = (_es(table, 0), int(table.shape[1])) if table is not None else (0, 0)
+        s2 = (_es(src2, 0), _es(src2, 1), _es(src2, 2)) if src2 is not None else (0, 0, 0)
+        self.template = ROPE_ARGS.new(dict(
+            src=src, dst=dst, src2=src2, dst2=dst2,
+            src_b=_es(src, 0), src_s=_es(src, 1), src_h=_es(src, 2),
+            src2_b=s2[0], src2_s=s2[1], src2_h=s2[2],
+            dst_b=_es(dst, 0), dst_s=_es(dst, 1), dst_h=_es(dst, 2),
+            seqlens=seqlens, batch_idx=batch_idx, table=table,
+            table_stride=t_stride, table_width=t_width, page_size=page_size,
+            dst_rows=dst.shape[0], dst_capacity=dst.shape[1], mode=mode,
+            cos=cos, sin=sin, cos_row_stride=c_stride, sin_row_stride=s_stride,
+            cs_type=cs_type, seqlen_ro=seqlen_ro, rot_half=rot_half,
+            interleaved=1 if interleaved else 0,
+            positions=positions, pos_b=pos_b, pos_s=pos_s, pos_per_token=1 if pos_per_token else 0,
+            batch=B, seqlen=S, heads=H, head_dim=D, elem_type=_elem_code(src.dtype),
+        ))  # fmt: skip
+        rows = B * S * H
+        self.grid = (-(-rows // 4), 2 if src2 is not None else 1)
+        self.kernel = None if self.empty else _rope_kernel()
+
+    def run(self, **arrays) -> None:
+        """Launch on ``arrays`` (ROPE_POINTERS names; the ones left out are null)."""
+        if not self.empty:
+            args = ROPE_ARGS.bind(self.template, {n: arrays.get(n) for n in ROPE_POINTERS})
+            self.kernel(self.grid, (32, 4), (args,))
+
+
+def rope_adapt(src, *, cos=None, sin=None, positions=None):
+    """The adaptations :class:`RopePlan` needs (contiguous last dim of cos/sin, sin in cos's
+    dtype, int32 positions); returns ``(cos, sin, positions)``.  Each costs a copy, only when
+    needed."""
     import cupy
 
-    B, S, H, D = (int(x) for x in src.shape)
-    if B * S * H == 0:
-        return
-    rot_half, seqlen_ro, cs_type = 0, 0, 0
-    c_stride = s_stride = np.int64(0)
     if cos is not None:
-        rot_half, seqlen_ro, cs_type = int(cos.shape[1]), int(cos.shape[0]), _elem_code(cos.dtype)
         if cos.strides[-1] != cos.itemsize:
             cos = cupy.ascontiguousarray(cos)
         if sin.strides[-1] != sin.itemsize or sin.dtype != cos.dtype:
             sin = cupy.ascontiguousarray(sin.astype(cos.dtype, copy=False))
-        c_stride, s_stride = _es(cos, 0), _es(sin, 0)
-    pos_b = pos_s = np.int64(0)
-    if positions is not None:
-        if np.dtype(positions.dtype) != np.int32:
-            positions = positions.astype(np.int32)
-        pos_b, pos_s = _es(positions, 0), _es(positions, 1)
-    if table is not None:
-        t_stride, t_width = int(_es(table, 0)), int(table.shape[1])
-    else:
-        t_stride = t_width = 0
-    z = np.int64(0)
-    s2 = (_es(src2, 0), _es(src2, 1), _es(src2, 2)) if src2 is not None else (z, z, z)
-    args = (
-        src, dst, _ptr(src2), _ptr(dst2),
-        _es(src, 0), _es(src, 1), _es(src, 2), *s2,
-        _es(dst, 0), _es(dst, 1), _es(dst, 2),
-        _ptr(seqlens), _ptr(batch_idx), _ptr(table),
-        np.int32(t_stride), np.int32(t_width), np.int32(page_size),
-        np.int32(dst.shape[0]), np.int32(dst.shape[1]), np.int32(mode),
-        _ptr(cos), _ptr(sin), np.int64(c_stride), np.int64(s_stride),
-        np.int32(cs_type), np.int32(seqlen_ro), np.int32(rot_half), np.int32(1 if interleaved else 0),
-        _ptr(positions), np.int64(pos_b), np.int64(pos_s), np.int32(1 if pos_per_token else 0),
-        np.int32(B), np.int32(S), np.int32(H), np.int32(D), np.int32(_elem_code(src.dtype)),
-    )  # fmt: skip
-    rows = B * S * H
-    _rope_kernel()((-(-rows // 4), 2 if src2 is not None else 1), (32, 4), args)
+    if positions is not None and np.dtype(positions.dtype) != np.int32:
+        positions = positions.astype(np.int32)
+    return cos, sin, positions
+
+
+def rope_append(src, dst, *, src2=None, dst2=None, mode=0, seqlens=None, batch_idx=None,
+                table=None, page_size=0, cos=None, sin=None, interleaved=False, positions=None,
+                pos_per_token=True, plans=None, slot=None):
+    """``fa_rope_append`` launch (see :class:`RopePlan`), adapting cos/sin/positions.  With
+    ``plans`` (a dict owned by a cached call of fixed signature) the plan is made once under
+    ``slot`` and replayed afterwards."""
+    cos, sin, positions = rope_adapt(src, cos=cos, sin=sin, positions=positions)
+    arrays = dict(src=src, dst=dst, src2=src2, dst2=dst2, seqlens=seqlens, batch_idx=batch_idx,
+                  table=table, cos=cos, sin=sin, positions=positions)
+    plan = plans.get(slot) if plans is not None else None
+    if plan is None:
+        plan = RopePlan(page_size=page_size, mode=mode, interleaved=interleaved,
+                        pos_per_token=pos_per_token, **arrays)
+        if plans is not None:
+            plans[slot] = plan
+    plan.run(**arrays)

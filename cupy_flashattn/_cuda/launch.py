@@ -22,13 +22,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..problem import AttentionProblem
-from .args import Operands
+from .args import Operands, problem_pointers
 from .args import aligned as _aligned
 from .args import bf16_dtype as _bf16
-from .compile import KernelKey, bucket_for, get_kernel, traits
+from .compile import FWD_ARGS, KernelKey, bucket_for, get_kernel, traits
 
 __all__ = ["run_attention", "is_available", "select_kernel"]
-
 
 
 def is_available() -> bool:
@@ -43,8 +42,6 @@ def is_available() -> bool:
         return False
 
 
-
-
 def _dtype_tag(dtype) -> str:
     dtype = np.dtype(dtype)
     if dtype == np.float16:
@@ -52,8 +49,6 @@ def _dtype_tag(dtype) -> str:
     if dtype == _bf16() or dtype == np.float32:
         return "bf16"
     raise TypeError(f"q: dtype {dtype} is not supported (expected float16, bfloat16 or float32)")
-
-
 
 
 def select_kernel(problem: AttentionProblem) -> KernelKey:
@@ -68,14 +63,6 @@ def select_kernel(problem: AttentionProblem) -> KernelKey:
         transform=p.alibi_slopes is not None or p.softcap > 0 or not scale_ok,
         paged=p.paged,
     )
-
-
-
-
-
-
-
-
 
 
 def needs_temporaries(problem: AttentionProblem) -> bool:
@@ -93,17 +80,42 @@ def needs_temporaries(problem: AttentionProblem) -> bool:
     )
 
 
+class PrefillPlan:
+    """Host-side decisions of one prefill launch (kernel, grid, packed arguments), made once
+    per problem shape; :meth:`run` rebinds the pointers of the problem's arrays and launches
+    (no host sync, CUDA-graph safe).  When the launch needs adapted operands
+    (:attr:`Operands.direct` is False) every run rebuilds them and copies the result back."""
+
+    def __init__(self, problem: AttentionProblem, len_q_min: int = 0):
+        p = problem
+        key = select_kernel(p)
+        tr = traits(key.head_dim)
+        self.compute_dtype = np.dtype(np.float16) if key.dtype == "f16" else _bf16()
+        self.len_q_min = len_q_min
+        self.grid = (-(-int(p.max_seqlen_q) // tr.block_m), p.num_heads, int(p.batch_size))
+        self.block = (tr.num_threads,)
+        self.smem = tr.smem_bytes
+        self.empty = not (self.grid[0] > 0 and self.grid[2] > 0 and p.total_q > 0)
+        self.kernel = None if self.empty else get_kernel(key)
+        ops = Operands(p, self.compute_dtype)
+        self.direct = ops.direct
+        if self.direct:
+            self.template = FWD_ARGS.new(ops.fwd_values(len_q_min=len_q_min))
+
+    def run(self, p: AttentionProblem) -> None:
+        if self.direct:
+            if not self.empty:
+                args = FWD_ARGS.bind(self.template, problem_pointers(p))
+                self.kernel(self.grid, self.block, (args,), shared_mem=self.smem)
+            return
+        ops = Operands(p, self.compute_dtype)
+        if not self.empty:
+            args = FWD_ARGS.new(ops.fwd_values(len_q_min=self.len_q_min))
+            self.kernel(self.grid, self.block, (args,), shared_mem=self.smem)
+        ops.finish()
+
+
 def run_attention(problem: AttentionProblem, len_q_min: int = 0) -> None:
     """Fill ``problem.out`` and ``problem.softmax_lse`` on the current CuPy stream.  With
     ``len_q_min``, only sequences of at least that many queries are served (mixed batch)."""
-
-    p = problem
-    key = select_kernel(p)
-    tr = traits(key.head_dim)
-    ops = Operands(p, np.dtype(np.float16) if key.dtype == "f16" else _bf16())
-    grid = (-(-int(p.max_seqlen_q) // tr.block_m), p.num_heads, int(p.batch_size))
-    if grid[0] > 0 and grid[2] > 0 and p.total_q > 0:
-        kern = get_kernel(key)
-        kern(grid, (tr.num_threads,), ops.fwd_params(len_q_min=len_q_min),
-             shared_mem=tr.smem_bytes)
-    ops.finish()
+    PrefillPlan(problem, len_q_min).run(problem)

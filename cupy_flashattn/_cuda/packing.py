@@ -1,0 +1,89 @@
+"""Kernel arguments packed into one struct, so a launch costs one argument conversion.
+
+A CuPy ``RawKernel`` call converts every argument on every launch; the forward kernels take ~40
+scalars and pointers, and that conversion was a large part of the ~250 µs a call spent on the
+host.  Instead each entry point takes ONE struct by value (``<name>_args``), generated here
+from a field list, and the host fills a NumPy structured array of the same layout
+(``numpy.dtype(..., align=True)``).  The layout leaves nothing to the compiler: the C struct
+is generated with an explicit ``char _padN[n]`` wherever natural alignment would insert padding,
+so every field sits at the offset NumPy computed, and the generated source asserts the size at
+compile time (``static_assert(sizeof(...) == ...)``; NVRTC has no ``offsetof``), so a drift
+fails in NVRTC -- on the CPU, in CI -- rather than as wrong values on the GPU.
+
+A launch plan keeps a filled template (all scalars) and the byte offsets of its pointer fields;
+a call copies the template and writes the pointers of its own arrays (:meth:`ArgPack.bind`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["ArgPack"]
+
+_NUMPY_OF_C = {"long long": np.int64, "int": np.int32, "float": np.float32}
+
+
+def _numpy_type(ctype: str):
+    if ctype.endswith("*"):
+        return np.uint64
+    return _NUMPY_OF_C[ctype]
+
+
+class ArgPack:
+    """The struct ``<name>_args`` with ``fields`` ((C type, name) pairs, in order)."""
+
+    def __init__(self, struct_name: str, fields):
+        self.struct_name = struct_name
+        self.fields = tuple(fields)
+        self.names = tuple(n for _, n in self.fields)
+        self.dtype = np.dtype([(n, _numpy_type(c)) for c, n in self.fields], align=True)
+        assert self.dtype.itemsize % 8 == 0  # pointers make the struct 8-byte aligned
+        #: field name -> index of its 8-byte word, for pointer fields
+        self.pointer_words = {n: self.dtype.fields[n][1] // 8 for c, n in self.fields if c.endswith("*")}
+
+    def c_struct(self) -> str:
+        """The C definition (explicit padding, see the module docstring) and a size check."""
+        lines, end = [], 0
+        for c, n in self.fields:
+            off = self.dtype.fields[n][1]
+            if off > end:
+                lines.append(f"  char _pad{end}[{off - end}];")
+            lines.append(f"  {c} {n};")
+            end = off + self.dtype.fields[n][0].itemsize
+        if self.dtype.itemsize > end:
+            lines.append(f"  char _pad{end}[{self.dtype.itemsize - end}];")
+        body = "\n".join(lines)
+        return (f"struct {self.struct_name} {{\n{body}\n}};\n"
+                f"static_assert(sizeof({self.struct_name}) == {self.dtype.itemsize}, "
+                f"\"{self.struct_name}: size differs from the host's numpy layout\");\n")
+
+    def assign(self, target: str, source: str = "a", names=None) -> str:
+        """C statements copying the fields ``names`` (default: all) from ``source`` to ``target``."""
+        return "\n".join(f"  {target}.{n} = {source}.{n};" for n in (names or self.names))
+
+    def new(self, values: dict) -> np.ndarray:
+        """A (1,)-array of the struct with ``values`` (field name -> number or array; arrays and
+        None become pointers).  CuPy passes a one-element structured NumPy array by value."""
+        buf = np.zeros(1, dtype=self.dtype)
+        for name, value in values.items():
+            if name in self.pointer_words:
+                buf[name] = pointer_of(value)
+            else:
+                buf[name] = value
+        return buf
+
+    def bind(self, template: np.ndarray, pointers: dict) -> np.ndarray:
+        """A copy of ``template`` with the pointer fields in ``pointers`` replaced."""
+        buf = template.copy()
+        words = buf.view(np.uint64)
+        pw = self.pointer_words
+        for name, value in pointers.items():
+            words[pw[name]] = 0 if value is None else value.data.ptr
+        return buf
+
+
+def pointer_of(a) -> int:
+    """Device address of a CuPy array (0 for None)."""
+    if a is None:
+        return 0
+    return int(a.data.ptr)

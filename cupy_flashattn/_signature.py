@@ -1,0 +1,101 @@
+"""The per-signature cache of validated calls: what makes a repeated call cost microseconds.
+
+Everything a call decides on the host -- validation of shapes, dtypes, strides and flags, the
+normalized problem, the kernel, its grid, split count and packed arguments -- depends only on
+the *signature* of its arguments: for each CuPy array its shape, strides, dtype, device and
+whether its address is 16-byte aligned; for every other argument its value.  ``api.py`` keys a
+small LRU cache by that signature; a hit skips straight to execution (allocate the outputs,
+rebind pointers, launch), a miss runs the full validation and stores the result.
+
+Only calls whose arrays are all CuPy arrays (or None) and that ask for no value checks
+(``check=False``, the default) are cached: value checks read index arrays on the host, and
+NumPy calls run the CPU backend, whose cost is the computation itself.  Invalid calls raise
+during validation and are never stored.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+__all__ = ["signature", "CallCache", "CALLS"]
+
+_CUPY_NDARRAY = None
+_SCALARS = (int, float, bool, str, type(None), np.int32, np.int64, np.float32, np.float64,
+            np.bool_)
+
+
+def _ndarray_type():
+    global _CUPY_NDARRAY
+    if _CUPY_NDARRAY is None:
+        try:
+            import cupy
+
+            _CUPY_NDARRAY = cupy.ndarray
+        except Exception:  # no CuPy: nothing is ever cached
+            _CUPY_NDARRAY = type("_NoCupy", (), {})
+    return _CUPY_NDARRAY
+
+
+def signature(arrays, scalars):
+    """A hashable signature of one call, or None when the call must not be cached (an array
+    argument that is not a CuPy array or None, or a scalar of an unexpected type)."""
+    nd = _ndarray_type()
+    sig = []
+    for a in arrays:
+        if a is None:
+            sig.append(None)
+        elif type(a) is nd:
+            mem = a.data
+            sig.append((a.shape, a.strides, a.dtype, mem.device_id, mem.ptr & 15 == 0))
+        else:
+            return None
+    for s in scalars:
+        # Typed, so that True and 1 (equal in Python) stay distinct: validation treats them
+        # differently (a bool window is an error).
+        if type(s) is tuple:
+            if not all(type(x) in _SCALARS for x in s):
+                return None
+            sig.append(tuple((type(x), x) for x in s))
+        elif type(s) in _SCALARS:
+            sig.append((type(s), s))
+        else:
+            return None
+    return tuple(sig)
+
+
+class CallCache:
+    """A bounded LRU map signature -> prepared call (one per distinct call site shape; a decode
+    loop over growing caches keeps a handful)."""
+
+    def __init__(self, capacity: int = 256):
+        self.capacity = capacity
+        self._items: OrderedDict = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key):
+        item = self._items.get(key)
+        if item is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._items.move_to_end(key)
+        return item
+
+    def put(self, key, value) -> None:
+        self._items[key] = value
+        if len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        self._items.clear()
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+#: The process-wide cache used by the public functions.
+CALLS = CallCache()
