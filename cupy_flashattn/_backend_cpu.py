@@ -385,7 +385,9 @@ def run_attention(problem: AttentionProblem) -> None:
     """Fill ``problem.out`` and ``problem.softmax_lse`` in place (see the module docstring).
 
     ``problem`` holds NumPy arrays; q, k, v are float16, bfloat16, float32 or float64.  Rows of
-    ``out`` / ``softmax_lse`` not covered by any sequence are set to 0 / +inf.
+    ``out`` / ``softmax_lse`` not covered by any sequence are set to 0 / +inf.  Zero-size
+    problems are legal: no query row returns at once; k/v of no row (or a pool of no page) give
+    every row 0 / +inf.
     """
     p = problem
     compute_dtype = _COMPUTE_DTYPE.get(np.dtype(p.q.dtype))
@@ -409,6 +411,9 @@ def run_attention(problem: AttentionProblem) -> None:
             f"Hk={num_heads_k}",
             "use H // Hk query heads per kv head",
         )
+
+    if p.total_q == 0:
+        return  # no query row: out and softmax_lse have no element (nothing to convert/compile)
 
     ranges = resolve_sequences(p)
 

@@ -7,6 +7,12 @@ writes nothing (no append, no output).  Because an object depends only on the si
 arguments (``_signature.py``), ``api.py`` keeps it in a cache and a repeated call goes straight
 to ``execute``.  The backend's launch plan (kernel, grid, packed arguments; ``_cuda.plan_attention``)
 is made on the first execution and kept here too.
+
+Empty work never reaches a backend (no kernel is planned or launched, on either backend): a
+call with no query row (B, Sq or total_q = 0) returns its zero-size outputs, and a call whose
+k/v hold no row at all (Sk = 0, total_k = 0, a pool of 0 pages, a cache of 0 rows) -- so that no
+query can see a key -- writes out = 0 and LSE = +inf, the "no key" convention.  Both are decided
+from shapes alone, so a cached call decides them once (``no_queries`` / ``no_keys``).
 """
 
 from __future__ import annotations
@@ -16,6 +22,18 @@ import numpy as np
 from .problem import AttentionProblem
 
 __all__ = ["DenseCall", "VarlenCall", "KVCacheCall"]
+
+#: Largest LSE kept as a per-stream scratch buffer when the caller does not ask for the LSE
+#: (bytes).  A decode step's LSE is a few KB: allocating it per call cost ~4.6 µs of host time
+#: (cupy.empty, H200 machine), a tenth of the call.  Prefill LSEs are large and their kernels
+#: long, so they are allocated per call and not kept alive by the call cache.
+LSE_SCRATCH_MAX_BYTES = 1 << 20
+
+
+def _stream_key() -> int:
+    import cupy
+
+    return cupy.cuda.get_current_stream().ptr
 
 
 def _backend_run(xp, problem, plan):
@@ -35,15 +53,39 @@ class _Call:
 
     ``fields``: the AttentionProblem's non-array fields (geometry, logits, masks);
     ``H, D``: query heads and head dim; ``alibi_shape``: the slopes broadcast to (B, H) (a
-    stride-0 view: the kernels take strides, no copy is made)."""
+    stride-0 view: the kernels take strides, no copy is made); ``query_rows`` / ``key_rows``:
+    the rows of the flat q and of the k/v storage (a paged pool: num_blocks * P), which decide
+    the empty cases (module docstring)."""
 
-    def __init__(self, xp, fields: dict, num_heads: int, head_dim: int, return_lse: bool):
+    def __init__(self, xp, fields: dict, num_heads: int, head_dim: int, return_lse: bool,
+                 query_rows: int, key_rows: int):
         self.xp = xp
         self.fields = fields
         self.H = num_heads
         self.D = head_dim
         self.return_lse = return_lse
         self.plan = None
+        self.no_queries = query_rows == 0
+        self.no_keys = key_rows == 0
+        # True once the backend plan rebinds pointers only (every launch reads the caller's
+        # arrays directly): then the arrays need not be reshaped into the problem's token-row
+        # views before a launch -- a view has the same address, and the plan's strides were
+        # fixed from the views when it was made (same signature, same strides).
+        self.pointers_only = False
+        self._lse_scratch: dict = {}  # stream -> LSE buffer nobody reads (see _lse_buffer)
+
+    def _lse_buffer(self, rows: int, keep: bool):
+        """Where the kernels write the LSE: a fresh array when the caller gets it (``keep``);
+        otherwise, when small, one scratch buffer per CUDA stream reused by every call (the
+        kernels write it and nothing reads it, so calls on one stream may share it)."""
+        xp = self.xp
+        if keep or xp is np or self.H * rows * 4 > LSE_SCRATCH_MAX_BYTES:
+            return xp.empty((self.H, rows), dtype=np.float32)
+        key = _stream_key()
+        buf = self._lse_scratch.get(key)
+        if buf is None:
+            buf = self._lse_scratch[key] = xp.empty((self.H, rows), dtype=np.float32)
+        return buf
 
     def _alibi(self, slopes):
         if slopes is None:
@@ -53,32 +95,50 @@ class _Call:
             return slopes
         return self.xp.broadcast_to(slopes, shape)
 
-    def _run(self, **arrays) -> AttentionProblem:
+    def _run(self, **arrays) -> None:
+        if self.no_queries:
+            return  # out and softmax_lse have no element to write
+        if self.no_keys:
+            # No key exists for any query: every row outputs 0 with LSE +inf (what the backends
+            # compute for a row that sees no key), without planning or launching a kernel.
+            arrays["out"][...] = 0
+            arrays["softmax_lse"][...] = np.inf
+            return
         problem = AttentionProblem(**arrays, **self.fields)
+        first = self.plan is None
         self.plan = _backend_run(self.xp, problem, self.plan)
-        return problem
+        if first and self.plan is not None:
+            self.pointers_only = all(getattr(launch, "direct", False) for launch in self.plan)
 
 
 class DenseCall(_Call):
     """flash_attn_func: q (B, Sq, H, D), k/v (B, Sk, Hk, D) viewed as token rows."""
 
     def __init__(self, xp, fields, num_heads, head_dim, return_lse, attn_probs, q_shape, k_shape):
-        super().__init__(xp, fields, num_heads, head_dim, return_lse)
-        self.attn_probs = attn_probs
         B, Sq = q_shape[0], q_shape[1]
+        super().__init__(xp, fields, num_heads, head_dim, return_lse, query_rows=B * Sq,
+                         key_rows=k_shape[0] * k_shape[1])
+        self.attn_probs = attn_probs
         self.q_shape = q_shape
         self.q_rows = (B * Sq,) + tuple(q_shape[2:])
         self.k_rows = (k_shape[0] * k_shape[1],) + tuple(k_shape[2:])
 
     def execute(self, q, k, v, alibi_slopes, out):
         xp = self.xp
-        q_rows = q.reshape(self.q_rows)
-        out_rows = xp.empty(self.q_rows, dtype=q.dtype) if out is None else out.reshape(self.q_rows)
-        lse = xp.empty((self.H, self.q_rows[0]), dtype=np.float32)
-        self._run(q=q_rows, k=k.reshape(self.k_rows), v=v.reshape(self.k_rows), out=out_rows,
-                  softmax_lse=lse, alibi_slopes=self._alibi(alibi_slopes))
-        result = out if out is not None else out_rows.reshape(self.q_shape)
-        if not (self.return_lse or self.attn_probs):
+        keep_lse = self.return_lse or self.attn_probs
+        lse = self._lse_buffer(self.q_rows[0], keep_lse)
+        if self.pointers_only:
+            result = xp.empty(self.q_shape, dtype=q.dtype) if out is None else out
+            self._run(q=q, k=k, v=v, out=result, softmax_lse=lse,
+                      alibi_slopes=self._alibi(alibi_slopes))
+        else:
+            q_rows = q.reshape(self.q_rows)
+            out_rows = (xp.empty(self.q_rows, dtype=q.dtype) if out is None
+                        else out.reshape(self.q_rows))
+            self._run(q=q_rows, k=k.reshape(self.k_rows), v=v.reshape(self.k_rows), out=out_rows,
+                      softmax_lse=lse, alibi_slopes=self._alibi(alibi_slopes))
+            result = out if out is not None else out_rows.reshape(self.q_shape)
+        if not keep_lse:
             return result
         B, Sq = self.q_shape[0], self.q_shape[1]
         lse = xp.ascontiguousarray(lse.reshape(self.H, B, Sq).transpose(1, 0, 2))
@@ -88,15 +148,17 @@ class DenseCall(_Call):
 class VarlenCall(_Call):
     """flash_attn_varlen_func: packed q (total_q, H, D) with contiguous or paged k/v."""
 
-    def __init__(self, xp, fields, num_heads, head_dim, return_lse, attn_probs):
-        super().__init__(xp, fields, num_heads, head_dim, return_lse)
+    def __init__(self, xp, fields, num_heads, head_dim, return_lse, attn_probs, *, query_rows,
+                 key_rows):
+        super().__init__(xp, fields, num_heads, head_dim, return_lse, query_rows=query_rows,
+                         key_rows=key_rows)
         self.attn_probs = attn_probs
 
     def execute(self, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
                 out):
         xp = self.xp
         out_rows = xp.empty(q.shape, dtype=q.dtype) if out is None else out
-        lse = xp.empty((self.H, q.shape[0]), dtype=np.float32)
+        lse = self._lse_buffer(q.shape[0], self.return_lse or self.attn_probs)
         self._run(q=q, k=k, v=v, out=out_rows, softmax_lse=lse, cu_seqlens_q=cu_seqlens_q,
                   cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, block_table=block_table,
                   alibi_slopes=self._alibi(alibi_slopes))
@@ -111,11 +173,15 @@ class KVCacheCall(_Call):
     the append, without a device op computing them).
 
     ``seqlens``: the device array of a ``cache_seqlens`` given as an int (or None), made once;
-    ``q_per_token``: rotary positions of the queries (see flash_attn_with_kvcache)."""
+    ``q_per_token``: rotary positions of the queries (see flash_attn_with_kvcache);
+    ``key_rows``: the cache's rows (B_cache * S_cache, or num_blocks * P).  A cache of 0 rows has
+    no slot a new token could be written to, so nothing is appended (the CUDA append would drop
+    every write; on NumPy the validation has already refused such an append)."""
 
     def __init__(self, xp, fields, num_heads, head_dim, return_lse, *, q_shape, k_cache_rows,
-                 paged, seqlens, rotary_interleaved, q_per_token):
-        super().__init__(xp, fields, num_heads, head_dim, return_lse)
+                 key_rows, paged, seqlens, rotary_interleaved, q_per_token):
+        super().__init__(xp, fields, num_heads, head_dim, return_lse,
+                         query_rows=q_shape[0] * q_shape[1], key_rows=key_rows)
         self.q_shape = q_shape
         self.q_rows = (q_shape[0] * q_shape[1],) + tuple(q_shape[2:])
         self.k_cache_rows = k_cache_rows  # None when paged
@@ -131,24 +197,28 @@ class KVCacheCall(_Call):
 
         xp = self.xp
         seqlens = self.seqlens if self.seqlens is not None else cache_seqlens
-        if k is not None:
+        if k is not None and not self.no_keys:
             q = rotary_ops.rotate_and_append(
                 q, k_cache, v_cache, k, v, seqlens, cos=rotary_cos, sin=rotary_sin,
                 interleaved=self.rotary_interleaved, q_per_token=self.q_per_token,
                 cache_batch_idx=cache_batch_idx, block_table=block_table if self.paged else None,
                 plans=self.rope_plans,
             )
-        q_rows = q.reshape(self.q_rows)
-        out_rows = xp.empty(self.q_rows, dtype=q.dtype) if out is None else out.reshape(self.q_rows)
-        lse = xp.empty((self.H, self.q_rows[0]), dtype=np.float32)
-        if self.paged:
-            kc, vc = k_cache, v_cache
+        lse = self._lse_buffer(self.q_rows[0], self.return_lse)
+        lens = dict(seqused_k=seqlens, cache_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad,
+                    block_table=block_table, alibi_slopes=self._alibi(alibi_slopes))
+        if self.pointers_only:
+            result = xp.empty(self.q_shape, dtype=q.dtype) if out is None else out
+            self._run(q=q, k=k_cache, v=v_cache, out=result, softmax_lse=lse, **lens)
         else:
-            kc, vc = k_cache.reshape(self.k_cache_rows), v_cache.reshape(self.k_cache_rows)
-        self._run(q=q_rows, k=kc, v=vc, out=out_rows, softmax_lse=lse, seqused_k=seqlens,
-                  cache_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad,
-                  block_table=block_table, alibi_slopes=self._alibi(alibi_slopes))
-        result = out if out is not None else out_rows.reshape(self.q_shape)
+            out_rows = (xp.empty(self.q_rows, dtype=q.dtype) if out is None
+                        else out.reshape(self.q_rows))
+            if self.paged:
+                kc, vc = k_cache, v_cache
+            else:
+                kc, vc = k_cache.reshape(self.k_cache_rows), v_cache.reshape(self.k_cache_rows)
+            self._run(q=q.reshape(self.q_rows), k=kc, v=vc, out=out_rows, softmax_lse=lse, **lens)
+            result = out if out is not None else out_rows.reshape(self.q_shape)
         if not self.return_lse:
             return result
         B, Sq = self.q_shape[0], self.q_shape[1]

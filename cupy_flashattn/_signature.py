@@ -3,7 +3,8 @@
 Everything a call decides on the host -- validation of shapes, dtypes, strides and flags, the
 normalized problem, the kernel, its grid, split count and packed arguments -- depends only on
 the *signature* of its arguments: for each CuPy array its shape, strides, dtype, device and
-whether its address is 16-byte aligned; for every other argument its value.  ``api.py`` keys a
+whether its address is 16-byte aligned; for every other argument its value; and the current
+device.  ``api.py`` keys a
 small LRU cache by that signature; a hit skips straight to execution (allocate the outputs,
 rebind pointers, launch), a miss runs the full validation and stores the result.
 
@@ -22,17 +23,18 @@ import numpy as np
 __all__ = ["signature", "CallCache", "CALLS"]
 
 _CUPY_NDARRAY = None
+_GET_DEVICE = None  # cupy.cuda.runtime.getDevice
 _SCALARS = (int, float, bool, str, type(None), np.int32, np.int64, np.float32, np.float64,
             np.bool_)
 
 
 def _ndarray_type():
-    global _CUPY_NDARRAY
+    global _CUPY_NDARRAY, _GET_DEVICE
     if _CUPY_NDARRAY is None:
         try:
             import cupy
 
-            _CUPY_NDARRAY = cupy.ndarray
+            _CUPY_NDARRAY, _GET_DEVICE = cupy.ndarray, cupy.cuda.runtime.getDevice
         except Exception:  # no CuPy: nothing is ever cached
             _CUPY_NDARRAY = type("_NoCupy", (), {})
     return _CUPY_NDARRAY
@@ -62,6 +64,12 @@ def signature(arrays, scalars):
             sig.append((type(s), s))
         else:
             return None
+    # The current device is part of the key: a plan holds kernel functions (and launch
+    # parameters) loaded on the device that was current when it was made.  Asked only once
+    # an array was seen to be a CuPy array (without a GPU the call would raise).
+    if _GET_DEVICE is None:
+        return None
+    sig.append(_GET_DEVICE())
     return tuple(sig)
 
 

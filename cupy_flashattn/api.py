@@ -72,6 +72,10 @@ _SEMANTICS = """
         ``slope * j`` instead: same output, its LSE differs by a per-row constant).
         softmax_lse: float32, natural log of the softmax denominator (after the max shift is
         added back); +inf for a row that sees no key, whose output is exactly 0.
+        Zero-size inputs are legal: no query row (B, Sq or total_q = 0; cu_seqlens = [0] for
+        an empty varlen batch) returns zero-size results; k/v of no row (Sk = 0, total_k = 0,
+        a cache of 0 rows, a pool of 0 pages) gives every row output 0 and LSE +inf.  Neither
+        launches a kernel.  A zero head count or head dim is an error.
         Backends: NumPy inputs run on the Numba CPU backend and return NumPy arrays; CuPy inputs
         (and torch/JAX GPU arrays, adopted zero-copy via DLPack) run the CUDA kernels on CuPy's
         current stream and return CuPy arrays.  float32 inputs on the GPU are computed with
@@ -137,6 +141,8 @@ def _check_output(xp, q, out, rows_shape):
         )
     validate.last_dim_contiguous("out", out)
     validate.writable("out", out, "pass a writeable out (e.g. xp.empty_like(q)) or none")
+    if out.size == 0:
+        return  # nothing will be written (NumPy gives zero-size arrays all-zero strides)
     flat = out.reshape(rows_shape)
     if not _shares_memory(xp, flat, out):
         raise explain(
@@ -400,7 +406,9 @@ def _prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
         max_seqlen_k=int(max_seqlen_k), page_block_size=P,
         **_logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, B, H),
     )
-    return VarlenCall(xp, fields, H, D, return_softmax_lse, return_attn_probs)
+    key_rows = int(k.shape[0]) * (P if paged else 1)
+    return VarlenCall(xp, fields, H, D, return_softmax_lse, return_attn_probs,
+                      query_rows=int(q.shape[0]), key_rows=key_rows)
 
 
 def _varlen_from_cache(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
@@ -421,7 +429,8 @@ def _varlen_from_cache(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     lengths = cache.seqlens(seq_ids)
     xp = cache.xp
     cu_k = xp.zeros(len(seq_ids) + 1, dtype=np.int32)
-    cu_k[1:] = xp.cumsum(lengths)
+    if seq_ids:  # no sequence (an empty batch): cu_seqlens_k = [0]
+        cu_k[1:] = xp.cumsum(lengths)
     capacity = int(table.shape[1]) * cache.page_block_size
     return flash_attn_varlen_func(
         q, cache.k_pages, cache.v_pages, cu_seqlens_q, cu_k, max_seqlen_q,
@@ -505,6 +514,20 @@ def flash_attn_with_kvcache(
             rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, page_block_size,
             seq_ids, out, check,
         )
+    return _with_kvcache_arrays(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+        cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+        rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, page_block_size, out,
+        check)
+
+
+def _with_kvcache_arrays(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                         cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                         window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
+                         return_softmax_lse, page_block_size, out, check,
+                         cache_names=("k_cache", "v_cache")):
+    """flash_attn_with_kvcache on arrays: the call cache, else full validation first.
+    ``cache_names``: how errors name the caches (a PagedKVCache's pools)."""
     # cache_seqlens: an int is part of the signature's scalars, an array of its arrays.
     lens_int = cache_seqlens if isinstance(cache_seqlens, (int, np.integer)) else None
     lens_array = None if lens_int is not None else cache_seqlens
@@ -512,7 +535,7 @@ def flash_attn_with_kvcache(
         (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lens_array, cache_batch_idx,
          cache_leftpad, block_table, alibi_slopes, out),
         (lens_int, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits,
-         return_softmax_lse, page_block_size, seq_ids, check, _default_check()),
+         return_softmax_lse, page_block_size, check, _default_check()),
     )
     call = CALLS.get(key) if key is not None else None
     if call is None:
@@ -525,6 +548,7 @@ def flash_attn_with_kvcache(
             lens_int if lens_int is not None else lens_array, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved,
             alibi_slopes, num_splits, return_softmax_lse, page_block_size, out, check,
+            cache_names=cache_names,
         )
         if key is not None:
             CALLS.put(key, call)
@@ -586,7 +610,7 @@ def _prepare_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
 
     # cache geometry
     if paged:
-        P = validate.page_block_size(page_block_size, k_cache)
+        P = validate.page_block_size(page_block_size, k_cache, cache_names[0])
         validate.block_table(block_table, xp, B)
         capacity = int(block_table.shape[1]) * P
         for name, given in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
@@ -643,7 +667,8 @@ def _prepare_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
     return KVCacheCall(
         xp, fields, H, D, return_softmax_lse, q_shape=tuple(q.shape),
         k_cache_rows=None if paged else (int(k_cache.shape[0]) * int(k_cache.shape[1]), Hk, D),
-        paged=paged, seqlens=None if seqlens is cache_seqlens else seqlens,
+        key_rows=int(k_cache.shape[0]) * int(k_cache.shape[1]), paged=paged,
+        seqlens=None if seqlens is cache_seqlens else seqlens,
         rotary_interleaved=rotary_interleaved, q_per_token=causal or left >= 0 or right >= 0,
     )
 
@@ -661,23 +686,6 @@ def _cache_seqlens(cache_seqlens, xp, batch, capacity):
         return xp.full((batch,), int(cache_seqlens), dtype=np.int32)
     validate.index_array("cache_seqlens", cache_seqlens, xp, 1, length=batch)
     return cache_seqlens
-
-
-def _rotate_new_tokens(xp, q, k, cache_seqlens, cos, sin, interleaved, causal, window_size):
-    """Rotary embedding at absolute cache positions: new key i of sequence b sits at
-    ``cache_seqlens[b] + i``; query i too when causal/local (each query is a new token), else
-    every query uses ``cache_seqlens[b]`` (flash-attn's convention)."""
-    from .rotary import apply_rotary
-
-    B, Sq = int(q.shape[0]), int(q.shape[1])
-    base = cache_seqlens.astype(np.int32)[:, None]
-    k_pos = base + xp.arange(int(k.shape[1]), dtype=np.int32)[None, :]
-    left, right = _mask(causal, window_size)
-    if causal or left >= 0 or right >= 0:
-        q_pos = base + xp.arange(Sq, dtype=np.int32)[None, :]
-    else:
-        q_pos = xp.broadcast_to(base, (B, Sq))
-    return apply_rotary(q, cos, sin, q_pos, interleaved), apply_rotary(k, cos, sin, k_pos, interleaved)
 
 
 def _kvcache_from_cache(cache, q, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
@@ -708,26 +716,27 @@ def _kvcache_from_cache(cache, q, v_cache, k, v, rotary_cos, rotary_sin, cache_s
             validate.ShapeError, "seq_ids", "must name one cache sequence per batch entry of q",
             f"{B} ids", f"{len(seq_ids)} ids", "pass seq_ids=[...] with q.shape[0] entries",
         )
-    before = cache.seqlens(seq_ids)  # also rejects unknown or repeated ids
-    table = cache.block_table(seq_ids)
-    common = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                  softcap=softcap, alibi_slopes=alibi_slopes, num_splits=num_splits,
-                  return_softmax_lse=return_softmax_lse, page_block_size=None, out=out)
-    # The whole call, new tokens and rotary tables included, against the cache as it is; the
-    # cache's own tables and lengths are consistent by construction, so value checks run only
-    # when asked.  Nothing has been written yet.
-    _prepare_kvcache(q, cache.k_pages, cache.v_pages, k, v, rotary_cos, rotary_sin, before, None,
-                     None, table, rotary_interleaved=rotary_interleaved, check=check,
-                     cache_names=("cache.k_pages", "cache.v_pages"), **common)
-    attend = _prepare_kvcache(q, cache.k_pages, cache.v_pages, None, None, None, None, before,
-                              None, None, table, rotary_interleaved=rotary_interleaved,
-                              check=False, **common)
-    xp = cache.xp
-    if rotary_cos is not None:
-        q, k = _rotate_new_tokens(xp, q, k, before, rotary_cos, rotary_sin, rotary_interleaved,
-                                  causal, window_size)
+    seqs = cache._sequences(seq_ids)  # rejects unknown or repeated ids
+    # Pages for the new tokens first (CacheExhaustedError before anything changes), so that
+    # the step below is an ordinary paged flash_attn_with_kvcache call -- validated in full
+    # before it writes, then served from the call cache like any other -- over one upload of
+    # the table and the lengths before the append.  If that call raises, the pages go back.
+    added = None
     if k is not None:
-        cache.append(seq_ids, k, v)
-    return attend.execute(q, cache.k_pages, cache.v_pages, None, None, None, None,
-                          cache.seqlens(seq_ids), None, None, cache.block_table(seq_ids),
-                          alibi_slopes, out)
+        validate.rank("k", k, 4, "(batch, seqlen_new, nheads_k, headdim)")
+        added = cache._reserve(seqs, np.full(B, int(k.shape[1]), dtype=np.int64))
+    try:
+        table, before = cache._step_tables(seqs)
+        result = _with_kvcache_arrays(
+            q, cache.k_pages, cache.v_pages, k, v, rotary_cos, rotary_sin, before, None, None,
+            table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes,
+            num_splits, return_softmax_lse, None, out, check,
+            cache_names=("cache.k_pages", "cache.v_pages"))
+    except BaseException:
+        if added is not None:
+            cache._release(seqs, added)
+        raise
+    if k is not None:
+        for seq in seqs:
+            seq.length += int(k.shape[1])
+    return result

@@ -291,6 +291,31 @@ class PagedKVCache:
         seqs = self._sequences(self.seq_ids if seq_ids is None else seq_ids)
         return self._xp.asarray(np.array([s.length for s in seqs], dtype=np.int32))
 
+    def _step_tables(self, seqs):
+        """Device ``(block_table, seqlens)`` of ``seqs`` for one attention step, from ONE
+        host-to-device copy (a decode loop pays one transfer per step, not one per array).
+
+        The table is only as wide as the longest sequence needs, rounded up to a power of two
+        (capped at ``max_blocks_per_seq``): a step of short sequences does not upload
+        ``max_blocks_per_seq`` entries per row, and the width -- part of the call signature
+        that selects a cached launch plan -- changes only when a sequence doubles."""
+        used = max((len(s.pages) for s in seqs), default=0)
+        width = min(self._max_blocks_per_seq, 1 << max(0, used - 1).bit_length())
+        batch = len(seqs)
+        host = np.zeros(batch * width + batch, dtype=np.int32)
+        table = host[: batch * width].reshape(batch, width)
+        for row, seq in zip(table, seqs):
+            row[: len(seq.pages)] = seq.pages
+        host[batch * width :] = [s.length for s in seqs]
+        dev = self._xp.asarray(host)
+        return dev[: batch * width].reshape(batch, width), dev[batch * width :]
+
+    def _release(self, seqs, added) -> None:
+        """Undo :meth:`_reserve` (``added``: what it returned)."""
+        for seq, pages in zip(seqs, added):
+            del seq.pages[len(seq.pages) - len(pages) :]
+            self._free.extend(reversed(pages))
+
     # -- append ----------------------------------------------------------------------------
 
     def append(self, seq_ids, k_new, v_new, cu_seqlens=None) -> None:
@@ -322,9 +347,7 @@ class PagedKVCache:
             # Give the pages back so a failed write (e.g. no device memory for the index
             # arrays) leaves the bookkeeping as it was.  Whatever was written landed in free
             # pages or past a sequence's length, where nothing reads it.
-            for seq, pages in zip(seqs, added):
-                del seq.pages[len(seq.pages) - len(pages) :]
-                self._free.extend(reversed(pages))
+            self._release(seqs, added)
             raise
         for seq, n in zip(seqs, counts):
             seq.length += int(n)

@@ -13,6 +13,9 @@ weight 0, whatever its ``out`` holds.  If neither part saw a key, the result is 
 A partial whose LSE is NaN (its scores held a NaN) makes the row's result NaN, out and LSE; a
 NaN in the ``out`` of a partial that has a key (finite LSE) reaches the result too, however
 small that partial's weight.
+
+Zero-size inputs (no row: total, B or S is 0) give zero-size results without any device work;
+a head dim or a head count of 0 is refused, as the attention functions refuse it.
 """
 
 from __future__ import annotations
@@ -53,11 +56,14 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b):
         a handful of elementwise kernels otherwise; never a host sync).
     """
     xp = _check(out_a, lse_a, out_b, lse_b)
+    wide = any(np.dtype(a.dtype) == np.float64 for a in (out_a, lse_a, out_b, lse_b))
+    if lse_a.size == 0:  # no row to merge: nothing to compute, no kernel to launch
+        return (xp.empty(out_a.shape, dtype=out_a.dtype),
+                xp.empty(lse_a.shape, dtype=np.float64 if wide else np.float32))
     if xp is not np:
         fast = _merge_cuda(out_a, lse_a, out_b, lse_b)
         if fast is not None:
             return fast
-    wide = any(np.dtype(a.dtype) == np.float64 for a in (out_a, lse_a, out_b, lse_b))
     ct = np.float64 if wide else np.float32
 
     la, lb = _finite_or_neg_inf(xp, lse_a, ct), _finite_or_neg_inf(xp, lse_b, ct)
@@ -122,11 +128,20 @@ def _check(out_a, lse_a, out_b, lse_b):
             _shape(out_b), "merge partial results of the same queries over disjoint key sets",
         )
     if out_a.ndim == 3:
-        total, H, _ = out_a.shape
+        total, H, D = out_a.shape
         expected, layout = (H, total), "(H, total) for a varlen (total, H, D) output"
     else:
-        B, S, H, _ = out_a.shape
+        B, S, H, D = out_a.shape
         expected, layout = (B, H, S), "(B, H, S) for a dense (B, S, H, D) output"
+    if H < 1 or D < 1:
+        # No attention call returns such an output (they refuse H = 0 and D = 0); an empty
+        # batch is a 0 in total / B / S, which is fine.
+        raise explain(
+            ShapeError, "out_a", "must have at least one head and a head dim of at least 1",
+            "nheads = out_a.shape[-2] >= 1 and headdim = out_a.shape[-1] >= 1",
+            f"shape {_shape(out_a)}",
+            "pass the outputs of attention calls (an empty batch has 0 rows, not 0 heads)",
+        )
     for name in ("lse_a", "lse_b"):
         if tuple(arrays[name].shape) != expected:
             raise explain(

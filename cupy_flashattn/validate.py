@@ -230,6 +230,15 @@ def head_dims(q, k, v):
 
 
 def heads(num_heads: int, num_heads_k: int):
+    if num_heads < 1:
+        # A zero-size batch (B, Sq or total 0) is legal; a query without heads is not: there
+        # is no head for a kv head to serve, and the output layout (..., H, D) degenerates.
+        raise explain(
+            ShapeError, "q", "must have at least one query head (nheads = q.shape[-2])",
+            "H >= 1", f"H={num_heads}",
+            "give q shape (..., nheads, headdim) with nheads >= 1 (an empty batch is a 0 in "
+            "batch or seqlen, not in nheads)",
+        )
     if num_heads_k < 1:
         raise explain(
             ShapeError, "k", "must have at least one key/value head (nheads_k = k.shape[-2])",
@@ -377,11 +386,20 @@ def page_block_size_value(given):
         )
 
 
-def page_block_size(given, k) -> int:
+def page_block_size(given, k, name: str = "k") -> int:
     """The seed of this project: a configured page size that drifted from the cache's.
 
     Returns the page size to use (read from ``k`` when not given)."""
     actual = int(k.shape[1])
+    if actual < 1:
+        # Pages of 0 rows hold no key and would make every position p // P a division by 0.
+        # (A pool of 0 pages, k.shape[0] == 0, is legal: every sequence then has no key.)
+        raise explain(
+            ShapeError, name, "a paged cache's pages must hold at least one row",
+            "page_block_size = k.shape[1] >= 1", f"shape {_shape(k)}",
+            "allocate the pool as (num_blocks, page_block_size >= 1, Hk, D), e.g. with "
+            "PagedKVCache",
+        )
     if given is None:
         return actual
     page_block_size_value(given)
@@ -496,10 +514,21 @@ def leftpad_within(leftpad, cache_seqlens):
 def cu_seqlens(name: str, cu, xp, total: int | None, full: bool):
     """cu_seqlens: int32 (B+1,), starting at 0, non-decreasing, ending at ``total`` tokens."""
     index_array(name, cu, xp, 1)
-    if cu.shape[0] < 2:
+    # B = 0 is a legal (empty) batch: cu_seqlens = [0].
+    if cu.shape[0] < 1:
         raise explain(
-            SeqlenError, name, "must hold batch_size + 1 cumulative offsets", "length >= 2",
-            f"length {cu.shape[0]}", "build it as [0, len_0, len_0 + len_1, ...]",
+            SeqlenError, name, "must hold batch_size + 1 cumulative offsets",
+            "length >= 1 ([0] for an empty batch)", f"length {cu.shape[0]}",
+            "build it as [0, len_0, len_0 + len_1, ...] (just [0] when there is no sequence)",
+        )
+    if cu.shape[0] == 1 and total:
+        # [0] is an empty batch, which owns no row: a shape fact, checked without a host read
+        # (otherwise a GPU call would leave the tensor's rows unwritten).
+        raise explain(
+            SeqlenError, name, "must hold batch_size + 1 cumulative offsets (one offset is an "
+            f"empty batch, but the tensor it indexes has {total} rows)",
+            f"length >= 2, ending at {total}", f"length {cu.shape[0]}",
+            "build it as [0, len_0, len_0 + len_1, ...] over the sequences of the packed rows",
         )
     if not full:
         return

@@ -181,20 +181,23 @@ def main():
     for name, fn in rows.items():
         print(f"{name:48s} {host_us(fn):13.1f} {one_call_us(fn):12.1f}", flush=True)
     if a.profile:
-        fn = rows["decode_paged_append B=1"]
-        pr = cProfile.Profile()
-        pr.enable()
-        for _ in range(300):
-            fn()
-        pr.disable()
-        s = io.StringIO()
-        pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(40)
-        text = s.getvalue()
-        print(text[:6000])
-        if a.out:
-            with open(os.path.join(a.out, "profile_decode.txt"), "w") as f:
-                f.write(text)
-
+        for row, fname, order in (("decode_paged_append B=1", "profile_decode.txt", "tottime"),
+                                  ("PagedKVCache step B=1 (grows)", "profile_cache_step.txt",
+                                   "cumulative")):
+            fn = rows[row]
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(300):
+                fn()
+            pr.disable()
+            s = io.StringIO()
+            pstats.Stats(pr, stream=s).sort_stats(order).print_stats(40)
+            text = s.getvalue()
+            print(f"-- cProfile of {row} (300 calls, by {order})")
+            print(text[:3000])
+            if a.out:
+                with open(os.path.join(a.out, fname), "w") as f:
+                    f.write(text)
 
 if __name__ == "__main__":
     main()

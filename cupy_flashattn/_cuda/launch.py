@@ -26,6 +26,7 @@ from .args import Operands, problem_pointers
 from .args import aligned as _aligned
 from .args import bf16_dtype as _bf16
 from .compile import FWD_ARGS, KernelKey, bucket_for, get_kernel, traits
+from .launcher import Launch, launch_packed
 
 __all__ = ["run_attention", "is_available", "select_kernel"]
 
@@ -99,19 +100,20 @@ class PrefillPlan:
         self.kernel = None if self.empty else get_kernel(key)
         ops = Operands(p, self.compute_dtype)
         self.direct = ops.direct
-        if self.direct:
-            self.template = FWD_ARGS.new(ops.fwd_values(len_q_min=len_q_min))
+        self.launch = None
+        if self.direct and not self.empty:
+            template = FWD_ARGS.new(ops.fwd_values(len_q_min=len_q_min))
+            self.launch = Launch(self.kernel, self.grid, self.block, self.smem, FWD_ARGS, template)
 
     def run(self, p: AttentionProblem) -> None:
         if self.direct:
-            if not self.empty:
-                args = FWD_ARGS.bind(self.template, problem_pointers(p))
-                self.kernel(self.grid, self.block, (args,), shared_mem=self.smem)
+            if self.launch is not None:
+                self.launch(problem_pointers(p))
             return
         ops = Operands(p, self.compute_dtype)
         if not self.empty:
             args = FWD_ARGS.new(ops.fwd_values(len_q_min=self.len_q_min))
-            self.kernel(self.grid, self.block, (args,), shared_mem=self.smem)
+            launch_packed(self.kernel, self.grid, self.block, args, self.smem)
         ops.finish()
 
 

@@ -1,0 +1,141 @@
+"""What a user waits for, measured the same way for us and for the peers (issue 15, item 4).
+
+Shared by ``bench.py`` (prefill) and ``bench_decode.py`` (decode); docs/performance.md, "The
+four measurements", explains them.  Every helper times a zero-argument callable that makes one
+call exactly as a user would (our public function, or torch SDPA), on the current stream:
+
+* :func:`one_call` -- *one call, start to end*: a CUDA-event pair recorded around the Python
+  call on an idle GPU, so the host work of the call (argument checks, planning, launches) and
+  its kernels are both inside the window.  :func:`median_one_call` repeats it with a
+  synchronisation between repetitions.
+* :func:`back_to_back` -- *throughput*: wall time per call of ``n`` calls issued without any
+  synchronisation in between, one at the end.  Host work of a call overlaps the kernels of the
+  previous ones, so this is max(host time, GPU time) per call: what a loop of calls costs.
+* :func:`cupy_graph` / :func:`torch_graph` -- capture one call in a CUDA graph; replaying the
+  graph is then timed with :func:`one_call` (*graph-replayed time*: no Python work is left
+  in it, only the graph launch and the kernels).
+
+The fourth measurement, *kernel-only* time, is each script's own (it needs the launcher below
+the public function, and each script hides host work its own way): see ``bench.py``'s
+``time_interleaved`` and ``bench_decode.py``'s ``Timer.kernel``.
+
+All events are recorded on CuPy's current stream, by default the legacy default stream, which
+is also torch's default stream, so our calls and torch's are timed on one timeline.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+def synchronize() -> None:
+    """Wait for all work on the device (ours and torch's, whatever stream it used)."""
+    import cupy
+
+    cupy.cuda.runtime.deviceSynchronize()
+
+
+def one_call(fn, before=None) -> float:
+    """Seconds from the start to the end of one call of ``fn``, host work included.
+
+    ``before`` (for example an L2 flush) runs first and is waited for, so the GPU is idle when
+    the start event is recorded: the start event then marks the moment the host begins the
+    call, and the end event the moment its last kernel is done."""
+    import cupy
+
+    if before is not None:
+        before()
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()  # created outside the timed window
+    synchronize()
+    start.record()
+    result = fn()
+    end.record()
+    end.synchronize()
+    del result  # freeing the output is not part of the call a user makes
+    return cupy.cuda.get_elapsed_time(start, end) * 1e-3
+
+
+def median_one_call(fn, reps: int, before=None) -> float:
+    """Median of ``reps`` :func:`one_call` timings (a synchronisation between repetitions)."""
+    return float(np.median([one_call(fn, before) for _ in range(reps)]))
+
+
+def back_to_back(fn, n: int) -> float:
+    """Wall seconds per call of ``n`` calls with a single device synchronisation at the end.
+
+    No L2 flush between calls (it would put a kernel between them): inputs that fit in the
+    60 MB L2 are read from it here, unlike in :func:`one_call` rows that flush."""
+    synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    synchronize()
+    return (time.perf_counter() - t0) / n
+
+
+def calls_for(seconds_estimate: float, budget: float = 0.03, lo: int = 10, hi: int = 300) -> int:
+    """How many back-to-back calls to time: about ``budget`` seconds' worth, at least ``lo``
+    (so the final synchronisation is amortised) and at most ``hi`` (issue 15 measured 300)."""
+    return int(min(hi, max(lo, budget / max(seconds_estimate, 1e-7))))
+
+
+def cupy_graph(fn):
+    """Capture one call of ``fn`` with CuPy's stream capture; returns ``(replay, output)``.
+
+    ``replay()`` launches the graph on the current stream (the one the other timings use);
+    ``output`` is the array the captured call returned, which every replay rewrites.  The call
+    runs once on the capture stream first: it warms our per-signature call cache and that
+    stream's memory pool, so the capture itself allocates nothing new.  Raises (with the
+    call's own error) where the call cannot be captured, e.g. if it synchronises.
+
+    Memory the captured call freed (a split-KV workspace) goes back to the capture stream's
+    pool; nothing else runs on that stream afterwards, so no later allocation can reuse it
+    while replays still write to it."""
+    import cupy
+
+    stream = cupy.cuda.Stream(non_blocking=True)  # capture needs a stream other than legacy
+    with stream:
+        fn()
+        stream.synchronize()
+        stream.begin_capture()
+        try:
+            output = fn()
+        except Exception:
+            try:
+                stream.end_capture()
+            except Exception:  # the capture is already invalid: report the call's own error
+                pass
+            raise
+        graph = stream.end_capture()
+
+    def replay():
+        graph.launch(cupy.cuda.get_current_stream())
+
+    replay.keep_alive = (graph, stream, output)  # the graph's buffers live as long as replay
+    return replay, output
+
+
+def torch_graph(fn):
+    """Capture one call of ``fn`` (torch work) in a ``torch.cuda.CUDAGraph``, torch's recipe:
+    warm up on a side stream, then capture; returns ``(replay, output)``.  ``replay()``
+    replays on torch's current stream (the legacy default stream, as for every other timing).
+    Raises where torch cannot capture the call."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = fn()
+
+    def replay():
+        graph.replay()
+
+    replay.keep_alive = (graph, output)
+    return replay, output
