@@ -19,9 +19,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import rotary as rotary_ops
+from .errors import UnsupportedError, explain
 from .problem import AttentionProblem
 
 __all__ = ["DenseCall", "VarlenCall", "KVCacheCall"]
+
+#: The GPU kernels take row counts (total query rows, k/v storage rows) as 32-bit ints; their
+#: element offsets are 64-bit, so arrays past 2**31 elements work (tests/gpu/
+#: test_gpu_large_offsets.py) but not past 2**31 rows.
+MAX_GPU_ROWS = 2**31 - 1
 
 #: Largest LSE kept as a per-stream scratch buffer when the caller does not ask for the LSE
 #: (bytes).  A decode step's LSE is a few KB: allocating it per call cost ~4.6 µs of host time
@@ -36,16 +43,22 @@ def _stream_key() -> int:
     return cupy.cuda.get_current_stream().ptr
 
 
+_CUDA_BACKEND = None  # the _cuda package, imported on the first GPU call
+
+
 def _backend_run(xp, problem, plan):
     """Run ``problem`` on the backend of ``xp``; returns the backend plan to keep (CUDA)."""
+    global _CUDA_BACKEND
     if xp is np:
         from . import _backend_cpu
 
         _backend_cpu.run_attention(problem)
         return None
-    from . import _cuda
+    if _CUDA_BACKEND is None:
+        from . import _cuda
 
-    return _cuda.run_attention(problem, plan)
+        _CUDA_BACKEND = _cuda
+    return _CUDA_BACKEND.run_attention(problem, plan)
 
 
 class _Call:
@@ -59,6 +72,18 @@ class _Call:
 
     def __init__(self, xp, fields: dict, num_heads: int, head_dim: int, return_lse: bool,
                  query_rows: int, key_rows: int):
+        if xp is not np:
+            counted = [("q", query_rows)]
+            if not fields.get("page_block_size"):  # a paged pool's rows are indexed per page
+                counted.append(("k", key_rows))
+            for name, rows in counted:
+                if rows > MAX_GPU_ROWS:
+                    raise explain(
+                        UnsupportedError, name,
+                        "has more token rows than the GPU kernels index (32-bit row counts)",
+                        f"at most {MAX_GPU_ROWS} rows", f"{rows} rows",
+                        "split the batch into several calls, each with fewer rows",
+                    )
         self.xp = xp
         self.fields = fields
         self.H = num_heads
@@ -193,8 +218,6 @@ class KVCacheCall(_Call):
 
     def execute(self, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                 cache_batch_idx, cache_leftpad, block_table, alibi_slopes, out):
-        from . import rotary as rotary_ops
-
         xp = self.xp
         seqlens = self.seqlens if self.seqlens is not None else cache_seqlens
         if k is not None and not self.no_keys:

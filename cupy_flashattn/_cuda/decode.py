@@ -338,6 +338,8 @@ class DecodePlan:
         ops = Operands(p, self.compute_dtype)
         self.direct = ops.direct
         self._workspaces: dict = {}  # stream -> (oaccum, lse_accum), see _split_workspace
+        ws_bytes = 4 * (int(np.prod(self.oacc_shape)) + int(np.prod(self.lacc_shape)))
+        self.keep_workspace = ws_bytes <= SPLIT_WORKSPACE_KEEP_BYTES
         self.launch = self.combine_launch = None
         if self.direct and not self.empty:
             self.launch = Launch(self.kernel, self.grid, (DECODE_THREADS,), self.smem,
@@ -355,8 +357,7 @@ class DecodePlan:
         combined before the next call's decode kernel overwrites them; another stream gets its
         own buffers.  A CUDA graph captured with them keeps valid addresses for as long as the
         plan lives (the call cache holds it), unlike pool memory freed after the capture."""
-        nbytes = 4 * (int(np.prod(self.oacc_shape)) + int(np.prod(self.lacc_shape)))
-        if nbytes > SPLIT_WORKSPACE_KEEP_BYTES:
+        if not self.keep_workspace:
             return (cupy.empty(self.oacc_shape, dtype=np.float32),
                     cupy.empty(self.lacc_shape, dtype=np.float32))
         key = cupy.cuda.get_current_stream().ptr

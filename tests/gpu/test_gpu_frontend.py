@@ -181,3 +181,34 @@ def test_decode_step_graph_replay_matches_eager(paged):
                                           expected.get().astype(np.float64))
             np.testing.assert_array_equal(kc.get().astype(np.float64), kc_eager.get().astype(np.float64))
             lens += 1  # the next step appends one position later (device-side update)
+
+
+def test_back_to_back_split_decodes_share_workspace_safely():
+    """A cached split-KV decode plan reuses its partials buffer and an LSE scratch buffer per
+    stream (``DecodePlan._split_workspace``, ``_Call._lse_buffer``): many calls issued back to
+    back on one stream, and on two streams at once, must each give the result of a fresh call
+    on their own inputs."""
+    rng = np.random.default_rng(7)
+    B, ctx = 2, 300
+    kc, vc = _rnd(rng, (B, ctx, HK, D)), _rnd(rng, (B, ctx, HK, D))
+    lens = cp.asarray([ctx, 211], dtype=cp.int32)
+    qs = [_rnd(rng, (B, 1, H, D)) for _ in range(6)]
+
+    def call(q):
+        return fa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, num_splits=4)
+
+    expected = []
+    for q in qs:
+        CALLS.clear()
+        expected.append(call(q).get())
+        cp.cuda.Device().synchronize()
+    CALLS.clear()
+    call(qs[0])
+    streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
+    outs = [None] * len(qs)
+    for i, q in enumerate(qs):  # no synchronisation in between
+        with streams[i % 2]:
+            outs[i] = call(q)
+    cp.cuda.Device().synchronize()
+    for got, want in zip(outs, expected):
+        np.testing.assert_array_equal(got.get(), want)
