@@ -21,7 +21,7 @@ from .errors import (
     UnsupportedError,
 )
 from .flash_attention import FlashAttention
-from .kvcache import PagedKVCache
+from .kvcache import DecodeSteps, PagedKVCache
 from .merge import merge_attention_states
 
 __version__ = "0.1.0"
@@ -32,6 +32,7 @@ __all__ = [
     "flash_attn_with_kvcache",
     "FlashAttention",
     "PagedKVCache",
+    "DecodeSteps",
     "merge_attention_states",
     "precompile",
     "FlashAttnError",

@@ -26,7 +26,7 @@ from .errors import (
 )
 from .validate import MAX_HEAD_DIM, writable
 
-__all__ = ["PagedKVCache"]
+__all__ = ["PagedKVCache", "DecodeSteps"]
 
 #: dtypes a cache can hold (float64 only makes sense with the NumPy/CPU backend).
 _DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32), np.dtype(np.float64))
@@ -310,6 +310,12 @@ class PagedKVCache:
         dev = self._xp.asarray(host)
         return dev[: batch * width].reshape(batch, width), dev[batch * width :]
 
+    def plan_decode_steps(self, seq_ids=None, new_tokens: int = 1) -> "DecodeSteps":
+        """Fixed device buffers for a decode loop that appends ``new_tokens`` per step to
+        ``seq_ids`` (default: all active sequences) -- what a CUDA-graph loop captures.  See
+        :class:`DecodeSteps`."""
+        return DecodeSteps(self, self.seq_ids if seq_ids is None else seq_ids, new_tokens)
+
     def _release(self, seqs, added) -> None:
         """Undo :meth:`_reserve` (``added``: what it returned)."""
         for seq, pages in zip(seqs, added):
@@ -526,3 +532,83 @@ def _counts_from_cu_seqlens(cu_seqlens, batch: int, total: int) -> np.ndarray:
             total, int(cu[-1]), "the last entry is k_new.shape[0]",
         )
     return steps
+
+
+class DecodeSteps:
+    """A decode loop's block table and lengths in FIXED device buffers (FlashInfer's plan/run
+    split), so that the attention call of a step can be captured once in a CUDA graph and
+    replayed every step::
+
+        steps = cache.plan_decode_steps(seq_ids, new_tokens=1)      # once per batch
+        for token in ...:
+            steps.advance()          # host: pages for this step's tokens; the table and the
+                                     # lengths before the step into the fixed buffers
+            out = flash_attn_with_kvcache(q, cache.k_pages, cache.v_pages, k=k_new, v=v_new,
+                                          cache_seqlens=steps.cache_seqlens,
+                                          block_table=steps.block_table, causal=True)
+
+    The attention call reads only ``steps.block_table`` (B, max_blocks_per_seq) and
+    ``steps.cache_seqlens`` (B,), whose addresses never change, and appends ``k_new`` into the
+    pages :meth:`advance` reserved; so a graph captured around it (after a first eager call of
+    the same signature, which compiles and plans) replays correctly after each ``advance()``.
+    ``advance()`` is host work plus one host-to-device copy on the current stream: call it
+    outside the capture, on the stream the graph is launched on.
+
+    Bookkeeping: ``advance()`` moves the lengths on the host as if the step's call had run (the
+    cache's ``seqlens()`` include the new tokens).  It raises ``CacheExhaustedError`` before
+    changing anything when the pool cannot hold the step; if the attention call that follows
+    fails, call :meth:`undo` to give the step's pages and tokens back.
+    """
+
+    def __init__(self, cache: PagedKVCache, seq_ids, new_tokens: int):
+        self.cache = cache
+        ids = [seq_ids] if isinstance(seq_ids, numbers.Integral) else list(seq_ids)
+        cache._sequences(ids)  # unknown or repeated ids raise here
+        self.seq_ids = [int(s) for s in ids]
+        self.new_tokens = _positive_int("new_tokens", new_tokens)
+        batch, width = len(self.seq_ids), cache.max_blocks_per_seq
+        self._host = np.zeros(batch * width + batch, dtype=np.int32)
+        self._device = cache.xp.zeros(batch * width + batch, dtype=np.int32)
+        #: int32 (B, max_blocks_per_seq) block table on the cache's device (fixed address)
+        self.block_table = self._device[: batch * width].reshape(batch, width)
+        #: int32 (B,) lengths before the current step (fixed address): ``cache_seqlens``
+        self.cache_seqlens = self._device[batch * width :]
+        self._last = None  # (seqs, pages added) of the last advance(), for undo()
+
+    def advance(self) -> "DecodeSteps":
+        """Reserve pages for the next step and write the table and lengths (one copy)."""
+        cache = self.cache
+        seqs = cache._sequences(self.seq_ids)  # a freed sequence raises here
+        batch, width = len(seqs), cache.max_blocks_per_seq
+        added = cache._reserve(seqs, np.full(batch, self.new_tokens, dtype=np.int64))
+        try:
+            host = self._host
+            host[:] = 0
+            table = host[: batch * width].reshape(batch, width)
+            for row, seq in zip(table, seqs):
+                row[: len(seq.pages)] = seq.pages
+            host[batch * width :] = [seq.length for seq in seqs]
+            if cache.xp is np:
+                self._device[...] = host
+            else:
+                # Pageable host memory: the driver stages the bytes before set() returns, so
+                # the host buffer may be rewritten by the next advance() at once.
+                self._device.set(host)
+        except BaseException:
+            cache._release(seqs, added)
+            raise
+        for seq in seqs:
+            seq.length += self.new_tokens
+        self._last = (seqs, added)
+        return self
+
+    def undo(self) -> None:
+        """Give back the pages and tokens of the last :meth:`advance` (its attention call
+        failed or was not made).  The device buffers keep the step's table, which stays valid."""
+        if self._last is None:
+            return
+        seqs, added = self._last
+        for seq in seqs:
+            seq.length -= self.new_tokens
+        self.cache._release(seqs, added)
+        self._last = None
