@@ -411,18 +411,24 @@ def _prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
                       query_rows=int(q.shape[0]), key_rows=key_rows)
 
 
+def _refuse_what_the_cache_supplies(passed_as: str, **given) -> None:
+    """A PagedKVCache supplies its values, lengths, tables and layout itself; an argument
+    given beside it could only disagree with the cache, so it is refused by name."""
+    for name, value in given.items():
+        if value is not None:
+            raise explain(
+                ArgumentError, name, f"is read from the PagedKVCache passed as {passed_as}",
+                "None", type(value).__name__, f"drop {name}; the cache supplies it",
+            )
+
+
 def _varlen_from_cache(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
                        page_block_size, seqused_k, seq_ids, **rest):
     """flash_attn_varlen_func with a PagedKVCache in place of k: keys, lengths, page size and
     block table all come from the cache, so none of them can disagree with it."""
     cache = k
-    for name, given in (("v", v), ("cu_seqlens_k", cu_seqlens_k), ("block_table", block_table),
-                        ("seqused_k", seqused_k)):
-        if given is not None:
-            raise explain(
-                ArgumentError, name, "is read from the PagedKVCache passed as k", "None",
-                type(given).__name__, f"drop {name}; the cache supplies it",
-            )
+    _refuse_what_the_cache_supplies("k", v=v, cu_seqlens_k=cu_seqlens_k, block_table=block_table,
+                                    seqused_k=seqused_k)
     validate.page_block_size(page_block_size, cache.k_pages)
     seq_ids = list(cache.seq_ids) if seq_ids is None else list(seq_ids)
     table = cache.block_table(seq_ids)
@@ -696,14 +702,9 @@ def _kvcache_from_cache(cache, q, v_cache, k, v, rotary_cos, rotary_sin, cache_s
     cache's pools, tables and lengths), then append through the cache (which allocates pages
     and raises CacheExhaustedError before changing anything), then attend over its tables and
     lengths.  A call that raises leaves the cache exactly as it was."""
-    for name, given in (("v_cache", v_cache), ("cache_seqlens", cache_seqlens),
-                        ("block_table", block_table), ("cache_batch_idx", cache_batch_idx),
-                        ("cache_leftpad", cache_leftpad)):
-        if given is not None:
-            raise explain(
-                ArgumentError, name, "is read from the PagedKVCache passed as k_cache", "None",
-                type(given).__name__, f"drop {name}; the cache supplies it",
-            )
+    _refuse_what_the_cache_supplies("k_cache", v_cache=v_cache, cache_seqlens=cache_seqlens,
+                                    block_table=block_table, cache_batch_idx=cache_batch_idx,
+                                    cache_leftpad=cache_leftpad)
     validate.page_block_size(page_block_size, cache.k_pages)
     seq_ids = list(cache.seq_ids) if seq_ids is None else list(seq_ids)
     q, k, v, rotary_cos, rotary_sin, alibi_slopes, out = (
