@@ -27,7 +27,8 @@ struct Bf16 {
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
   }
-  // D(16x8,f32) += A(16x16) * B(16x8); A row-major, B "col" (see KERNEL_NOTES.md).
+  // D(16x8,f32) += A(16x16) * B(16x8); A row-major, B "col" (the PTX ISA's
+  // mma.m16n8k16 fragment layouts).
   __device__ __forceinline__ static void mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
         "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -80,6 +81,14 @@ __device__ __forceinline__ void cp_async_16(u32 smem_addr, const void* src, bool
                "r"(src_size)
                : "memory");
 }
+// 4-byte cp.async (.ca: the only cache mode with 4-byte copies); pred false zero-fills.  Used
+// for block-table entries (one int per key row), which are not 16-byte groups.
+__device__ __forceinline__ void cp_async_4(u32 smem_addr, const void* src, bool pred) {
+  const int src_size = pred ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr), "l"(src),
+               "r"(src_size)
+               : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;" ::: "memory");
 }
@@ -88,16 +97,6 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-// __syncthreads() that also ORs a predicate over the CTA (bar.red.or).
-__device__ __forceinline__ bool syncthreads_or(bool pred) {
-  u32 r;
-  asm volatile(
-      "{ .reg .pred p, q; setp.ne.u32 p, %1, 0; bar.red.or.pred q, 0, p; selp.u32 %0, 1, 0, q; }"
-      : "=r"(r)
-      : "r"((u32)pred)
-      : "memory");
-  return r != 0;
-}
 
 // ---- Plain shared / global vector accesses (no CUDA vector types needed) ---------------------
 __device__ __forceinline__ void st_shared_b32(u32 addr, u32 v) {

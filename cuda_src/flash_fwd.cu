@@ -44,14 +44,6 @@ __device__ __forceinline__ void load_q(u32 sQ, const u16* q_tile, i64 row_stride
   }
 }
 
-// 4-byte cp.async (.ca: the only cache mode with 4-byte copies); pred false zero-fills.
-__device__ __forceinline__ void cp_async_4(u32 smem_addr, const void* src, bool pred) {
-  const int src_size = pred ? 4 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr), "l"(src),
-               "r"(src_size)
-               : "memory");
-}
-
 // Paged: where key tile n_block's page ids live in shared memory.  `ids` (kBlockN ints, one
 // per key row: its block-table entry, by cp.async) and `rows` (its row inside that page, by a
 // plain store) of slot n_block % kTblSlots; see FwdTraitsBase::kSmemTable.

@@ -89,10 +89,8 @@ struct Mask {
                                              int& n_max) const {
     int end = len_k;  // one past the last visible key of any row
     int begin = 0;
-    {
-      if (right >= 0) end = imin(end, row_last + shift + right + 1);
-      if (left >= 0) begin = imax(0, row_first + shift - left);
-    }
+    if (right >= 0) end = imin(end, row_last + shift + right + 1);
+    if (left >= 0) begin = imax(0, row_first + shift - left);
     n_min = begin / kBlockN;
     n_max = end > 0 ? ceil_div(end, kBlockN) : 0;
   }
@@ -102,10 +100,8 @@ struct Mask {
   __device__ __forceinline__ bool tile_needs_mask(int n_block, int row_first, int row_last) const {
     const int col_first = n_block * kBlockN, col_last = col_first + kBlockN - 1;
     bool need = col_last >= len_k;
-    {
-      if (right >= 0) need |= col_last > row_first + shift + right;
-      if (left >= 0) need |= col_first < row_last + shift - left;
-    }
+    if (right >= 0) need |= col_last > row_first + shift + right;
+    if (left >= 0) need |= col_first < row_last + shift - left;
     return need;
   }
 
@@ -133,10 +129,8 @@ struct Mask {
         const int row = row0 + mi * 16 + h * 8;
         int hi = len_k - 1;  // last visible key of this row
         int lo = 0;          // first visible key
-        {
-          if (right >= 0) hi = imin(hi, row + shift + right);
-          if (left >= 0) lo = row + shift - left;
-        }
+        if (right >= 0) hi = imin(hi, row + shift + right);
+        if (left >= 0) lo = row + shift - left;
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll

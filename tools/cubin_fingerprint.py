@@ -1,0 +1,46 @@
+"""Fingerprints of every shipped kernel's machine code, compiled with NVRTC on the CPU.
+
+A refactor of ``cuda_src/`` that only moves code (headers split, helpers relocated, comments,
+dead code removed) must leave the generated cubins byte-identical -- and then the GPU runs the
+same instructions as before, which a CPU-only machine can prove.  Prints one line per module
+(prefill: all shipped keys in one module per arch; decode; combine; rope/append) with the
+SHA-256 of its cubin.  NVRTC_OPTIONS carry no -lineinfo, so source positions do not enter the
+cubin.
+
+    python3 tools/cubin_fingerprint.py [--arch 80 90] > before.txt   # then diff with after
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from cupy_flashattn._cuda import compile as cc  # noqa: E402
+from cupy_flashattn._cuda import decode as dc  # noqa: E402
+
+
+def modules():
+    yield "prefill(all shipped keys)", cc.kernel_source(list(cc.shipped_keys()))
+    keys = [dc.DecodeKey(dt, b) for dt in ("f16", "bf16") for b in dc.DECODE_BUCKETS]
+    yield "decode(all buckets)", dc.decode_source(keys, combine=False)
+    yield "combine", dc.decode_source([], combine=True)
+    yield "rope_append", dc.rope_source()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", nargs="+", default=["80", "90"])
+    args = ap.parse_args(argv)
+    for arch in args.arch:
+        for name, src in modules():
+            cubin, _ = cc.compile_for_arch(src, arch, verbose=False)
+            print(f"sm_{arch} {name:28s} {hashlib.sha256(cubin).hexdigest()} {len(cubin)}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
