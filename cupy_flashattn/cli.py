@@ -33,10 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .accuracy import eps_for
+
 __all__ = ["CheckResult", "build_parser", "kernel_cache_dir", "main", "run_checks"]
 
-#: flash-attn's slack on top of 2 x the naive same-precision error (final rounding of out).
-EPS = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-5, "float64": 1e-10}
 DTYPE_CHOICES = ("float16", "bfloat16", "float32", "float64")
 # Used when cupy_flashattn._cuda.compile cannot be imported (only for argument choices/help).
 _FALLBACK_HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256)
@@ -529,7 +529,7 @@ class _Errors:
 
     def __init__(self, dtype_name: str, compute_name: str = ""):
         self.compute = _np_dtype(compute_name or dtype_name)
-        self.eps = EPS[compute_name or dtype_name]
+        self.eps = eps_for(compute_name or dtype_name)  # the tests' bound (accuracy.py)
         self.err = self.naive = self.lse_err = 0.0
         self.problems: list[str] = []
 
