@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence, Union
 
 from .packing import ArgPack
-from .source import build_source, cuda_source_dir
+from .source import build_source
 
 __all__ = [
     "KernelKey",
@@ -128,7 +128,8 @@ class KernelKey:
 
 @dataclass(frozen=True)
 class Traits:
-    """Launch-relevant numbers of ``fa::FwdTraits<D>`` (parsed from kernel_traits.cuh)."""
+    """Launch-relevant numbers of ``fa::FwdTraits<D>`` (kernel_traits.cuh, evaluated by the
+    compiler: ``device_facts.py``), or of a tuning override's ``fa::FwdTraitsBase<...>``."""
 
     head_dim: int
     block_m: int
@@ -137,16 +138,20 @@ class Traits:
     min_blocks_per_sm: int
     q_in_regs: int = 0
     stages: int = 2
+    smem: int = 0  # kSmemBytes when known; else asked of the compiler (smem_bytes)
 
     @property
     def num_threads(self) -> int:
         return 32 * self.num_warps
 
     @property
-    def smem_bytes(self) -> int:  # same formula as FwdTraitsBase::kSmemBytes
-        row = 2 * self.head_dim
-        table = 2 * 4 * self.block_n * 4  # kTblSlots = 4 slots of page ids + rows in page
-        return self.block_m * row + 2 * self.stages * self.block_n * row + table
+    def smem_bytes(self) -> int:
+        """``FwdTraitsBase::kSmemBytes``: the dynamic shared memory of a launch."""
+        if self.smem:
+            return self.smem
+        from .device_facts import traits_facts
+
+        return traits_facts(self.cxx)["kSmemBytes"]
 
     @property
     def cxx(self) -> str:
@@ -161,10 +166,6 @@ class Traits:
         return min(255, per_thread // 8 * 8)
 
 
-_TRAIT_RE = re.compile(
-    r"template\s*<>\s*struct\s+FwdTraits<(\d+)>\s*:\s*FwdTraitsBase<\s*(\d+)\s*,\s*(\d+)\s*,"
-    r"\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*(?:,\s*(\d+)\s*)?>"
-)
 # Tuning-only tile overrides (head-dim bucket -> Traits): see override_traits().  The
 # environment variable CUPY_FLASHATTN_TRAITS="128=128,64,8,1,0;64=..." (bucket=block_m,
 # block_n, warps, min CTAs per SM[, Q in registers]) sets them at import (device tuning runs).
@@ -181,15 +182,14 @@ def _env_overrides(text: str) -> dict:
 
 @functools.cache
 def _trait_table() -> dict:
-    text = (cuda_source_dir() / "kernel_traits.cuh").read_text()
+    """bucket -> Traits of ``fa::FwdTraits<bucket>``, as the compiler evaluates them."""
+    from .device_facts import prefill_facts
+
     table = {}
-    for m in _TRAIT_RE.finditer(text):
-        d, d2, bm, bn, nw, minb, qr = (int(x) if x is not None else 0 for x in m.groups())
-        assert d == d2, f"kernel_traits.cuh: FwdTraits<{d}> derives from FwdTraitsBase<{d2}, ...>"
-        table[d] = Traits(d, bm, bn, nw, minb, qr)
-    missing = set(HEAD_DIM_BUCKETS) - set(table)
-    if missing:
-        raise RuntimeError(f"kernel_traits.cuh has no FwdTraits for head dims {sorted(missing)}")
+    for d, f in prefill_facts().items():
+        assert f["kHeadDim"] == d, f"kernel_traits.cuh: FwdTraits<{d}> has kHeadDim {f['kHeadDim']}"
+        table[d] = Traits(d, f["kBlockM"], f["kBlockN"], f["kNWarps"], f["kMinBlocksPerSm"],
+                          f["kQInRegs"], f["kStages"], f["kSmemBytes"])
     return table
 
 
@@ -230,6 +230,9 @@ def _wrapper(key: KernelKey) -> str:
     tr_cxx = t.cxx if key.head_dim in _OVERRIDES else f"fa::FwdTraits<{key.head_dim}>"
     b = lambda x: "true" if x else "false"  # noqa: E731
     return f"""
+static_assert({tr_cxx}::kNThreads == {t.num_threads} && {tr_cxx}::kSmemBytes == {t.smem_bytes} &&
+              {tr_cxx}::kMinBlocksPerSm == {t.min_blocks_per_sm},
+              "{key.name}: the host's launch geometry differs from kernel_traits.cuh");
 extern "C" __global__ void __launch_bounds__({t.num_threads}, {t.min_blocks_per_sm}) {key.name}(
     const fa_fwd_args a) {{
   fa::FwdParams p;

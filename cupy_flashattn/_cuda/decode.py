@@ -34,6 +34,7 @@ from .args import INT_MAX, Operands, problem_pointers
 from .args import bf16_dtype as _bf16
 from .args import elem_stride as _es
 from .compile import PARAMS, load_function
+from .device_facts import decode_facts
 from .packing import ArgPack
 from .launcher import Launch, launch_packed
 from .source import build_source
@@ -55,10 +56,11 @@ __all__ = [
 log = logging.getLogger("cupy_flashattn")
 
 DECODE_BUCKETS = (64, 128, 256)
-DECODE_ROWS = 16  # kDecodeRows
+# fa::kDecodeRows and fa::kDecodeWarps * 32 (flash_decode.cu); every generated decode entry
+# point static_asserts both, so they cannot drift.  Per-bucket stages, occupancy and shared
+# memory are read from the compiler (device_facts.py).
+DECODE_ROWS = 16
 DECODE_THREADS = 128
-# (kStages, kMinBlocks) per bucket: mirrors DecodeTraits<> in flash_decode.cu.
-DECODE_TRAITS = {64: (4, 3), 128: (3, 2), 256: (3, 1)}
 
 DECODE_EXTRA = (
     ("float*", "oaccum"),
@@ -114,11 +116,11 @@ class DecodeKey:
 
     @property
     def stages(self) -> int:
-        return DECODE_TRAITS[self.head_dim][0]
+        return decode_facts()[self.head_dim]["kStages"]
 
     @property
     def min_blocks(self) -> int:
-        return DECODE_TRAITS[self.head_dim][1]
+        return decode_facts()[self.head_dim]["kMinBlocks"]
 
     @property
     def register_budget(self) -> int:
@@ -126,13 +128,8 @@ class DecodeKey:
 
 
 def smem_bytes(bucket: int) -> int:
-    """Dynamic shared memory of the decode kernel (DecodeSmem<kD>::kBytes)."""
-    stages = DECODE_TRAITS[bucket][0]
-    row = (bucket + 8) * 2
-    tile = 16 * row
-    ring = 4 * stages * 2 * tile
-    merge = 4 * 16 * (bucket + 8) * 4
-    return 16 * row + max(ring, merge)
+    """Dynamic shared memory of the decode kernel (``fa::DecodeSmem<bucket>::kBytes``)."""
+    return decode_facts()[bucket]["kBytes"]
 
 
 def decode_bucket(head_dim: int) -> int:
@@ -161,6 +158,9 @@ _EXTRA_NAMES = tuple(n for _, n in DECODE_EXTRA)
 def _decode_wrapper(key: DecodeKey) -> str:
     elem = "fa::Bf16" if key.dtype == "bf16" else "fa::F16"
     return f"""
+static_assert(fa::kDecodeRows == {DECODE_ROWS} && fa::kDecodeWarps * 32 == {DECODE_THREADS} &&
+              fa::DecodeSmem<{key.head_dim}>::kBytes == {smem_bytes(key.head_dim)},
+              "{key.name}: the host's launch geometry differs from flash_decode.cu");
 extern "C" __global__ void __launch_bounds__({DECODE_THREADS}, {key.min_blocks}) {key.name}(
     const fa_decode_args a) {{
   fa::DecodeParams dp;

@@ -1,0 +1,122 @@
+"""The numbers the host needs about the kernels' tiles, read from the compiler -- never restated.
+
+The host sizes grids, dynamic shared memory and register budgets from the tile configuration of
+each kernel: ``fa::FwdTraits<D>`` in ``kernel_traits.cuh`` (prefill) and ``fa::DecodeTraits<D>``
+/ ``fa::DecodeSmem<D>`` in ``flash_decode.cu`` (decode).  Those headers are the one table (with
+the measured reason for every entry).  Instead of parsing C++ or copying its formulas, a tiny
+translation unit evaluates the constexprs into an array::
+
+    extern "C" __constant__ int fa_facts[] = {fa::FwdTraits<32>::kBlockM, ...};
+
+NVRTC compiles it to PTX on the CPU (no GPU needed) and the array's initializer in the PTX is
+the table (``.const .align 4 .b8 fa_facts[N] = {bytes...}``, little-endian int32s, trailing
+zero bytes left out).  One compile
+of a few hundred milliseconds per process, kept in memory and, keyed by the hash of
+``cuda_src/``, in CuPy's kernel cache directory.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+from .source import build_source, source_hash
+
+__all__ = ["PREFILL_FACTS", "DECODE_FACTS", "prefill_facts", "decode_facts", "traits_facts"]
+
+#: Members of ``fa::FwdTraitsBase`` the host reads.
+PREFILL_FACTS = ("kHeadDim", "kBlockM", "kBlockN", "kNWarps", "kMinBlocksPerSm", "kQInRegs",
+                 "kStages", "kSmemBytes")
+#: Members of ``fa::DecodeTraits<D>`` then ``fa::DecodeSmem<D>`` the host reads.
+DECODE_FACTS = ("kStages", "kMinBlocks", "kBytes")
+
+_ARRAY_RE = re.compile(r"fa_facts\[(\d+)\]\s*=\s*\{([^}]*)\}")
+
+
+def _evaluate(source: str, expressions: list) -> list:
+    """The int values of C++ constant ``expressions`` in the context of ``source``."""
+    from cupy.cuda import nvrtc
+
+    unit = (source + '\n#line 1 "<device facts>"\nextern "C" __constant__ int fa_facts[] = {'
+            + ", ".join(f"(int)({e})" for e in expressions) + "};\n")
+    prog = nvrtc.createProgram(unit, "device_facts.cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, ["--gpu-architecture=compute_80", "--std=c++17"])
+        except nvrtc.NVRTCError as e:
+            raise RuntimeError(f"device facts: NVRTC failed:\n{nvrtc.getProgramLog(prog)}") from e
+        ptx = nvrtc.getPTX(prog).decode()
+    finally:
+        nvrtc.destroyProgram(prog)
+    m = _ARRAY_RE.search(ptx)
+    if m is None:
+        raise RuntimeError("device facts: fa_facts not found in the PTX")
+    # ptxas omits trailing zero bytes of an initializer: pad to the declared size.
+    data = bytes(int(x) for x in m.group(2).split(",")).ljust(int(m.group(1)), b"\0")
+    values = np.frombuffer(data, dtype="<i4").tolist()
+    if len(values) != len(expressions):
+        raise RuntimeError(f"device facts: {len(values)} values for {len(expressions)} expressions")
+    return values
+
+
+def _disk_cache() -> Path:
+    root = os.environ.get("CUPY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cupy",
+                                                            "kernel_cache")
+    return Path(root) / f"cupy_flashattn_device_facts_{source_hash()}.json"
+
+
+@functools.cache
+def _all_facts() -> dict:
+    """{"prefill": {bucket: {fact: value}}, "decode": {...}}, from the disk cache or NVRTC."""
+    path = _disk_cache()
+    try:
+        raw = json.loads(path.read_text())
+        return {kind: {int(b): v for b, v in table.items()} for kind, table in raw.items()}
+    except (OSError, ValueError):
+        pass
+    from .compile import HEAD_DIM_BUCKETS
+    from .decode import DECODE_BUCKETS
+
+    exprs = [f"fa::FwdTraits<{d}>::{f}" for d in HEAD_DIM_BUCKETS for f in PREFILL_FACTS]
+    vals = _evaluate(build_source("kernel_traits.cuh"), exprs)
+    n = len(PREFILL_FACTS)
+    prefill = {d: dict(zip(PREFILL_FACTS, vals[i * n:(i + 1) * n]))
+               for i, d in enumerate(HEAD_DIM_BUCKETS)}
+    exprs = [f"fa::DecodeTraits<{d}>::kStages" for d in DECODE_BUCKETS]
+    exprs += [f"fa::DecodeTraits<{d}>::kMinBlocks" for d in DECODE_BUCKETS]
+    exprs += [f"fa::DecodeSmem<{d}>::kBytes" for d in DECODE_BUCKETS]
+    vals = _evaluate(build_source("flash_decode.cu"), exprs)
+    k = len(DECODE_BUCKETS)
+    decode = {d: dict(zip(DECODE_FACTS, (vals[i], vals[k + i], vals[2 * k + i])))
+              for i, d in enumerate(DECODE_BUCKETS)}
+    facts = {"prefill": prefill, "decode": decode}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(facts))
+        tmp.replace(path)  # atomic: concurrent processes never read half a file
+    except OSError:
+        pass  # a read-only cache directory only costs the compile next time
+    return facts
+
+
+def prefill_facts() -> dict:
+    """head-dim bucket -> {PREFILL_FACTS name: value} of ``fa::FwdTraits<bucket>``."""
+    return _all_facts()["prefill"]
+
+
+def decode_facts() -> dict:
+    """decode bucket -> {"kStages", "kMinBlocks", "kBytes" (dynamic shared memory)}."""
+    return _all_facts()["decode"]
+
+
+@functools.cache
+def traits_facts(cxx: str) -> dict:
+    """The PREFILL_FACTS of an arbitrary ``fa::FwdTraitsBase<...>`` (tuning overrides)."""
+    vals = _evaluate(build_source("kernel_traits.cuh"), [f"{cxx}::{f}" for f in PREFILL_FACTS])
+    return dict(zip(PREFILL_FACTS, vals))

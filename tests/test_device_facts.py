@@ -1,0 +1,68 @@
+"""device_facts.py: the host reads tile sizes, occupancy and shared memory from the compiler
+(NVRTC evaluates kernel_traits.cuh / flash_decode.cu constexprs into a PTX array), never from a
+regex over the headers or a copied formula.  Checked here against the layouts the headers
+document, written out independently; the generated entry points static_assert the same values,
+so NVRTC (the compile tests) fails on any drift."""
+
+import json
+
+import pytest
+
+from helpers import require_nvrtc
+
+require_nvrtc()
+
+from cupy_flashattn._cuda import compile as cc  # noqa: E402
+from cupy_flashattn._cuda import decode as dc  # noqa: E402
+from cupy_flashattn._cuda import device_facts as df  # noqa: E402
+
+
+def _prefill_smem(t):
+    """Q tile + 2 stages of K and V tiles (bf16 rows) + 4 slots x 2 arrays of block_n ints."""
+    row = 2 * t.head_dim
+    return t.block_m * row + 2 * 2 * t.block_n * row + 2 * 4 * t.block_n * 4
+
+
+def _decode_smem(d, stages):
+    """Q (16 padded rows) + max(4 warps x stages x (K + V) 16-row tiles, fp32 merge buffer)."""
+    row = (d + 8) * 2
+    return 16 * row + max(4 * stages * 2 * 16 * row, 4 * 16 * (d + 8) * 4)
+
+
+@pytest.mark.parametrize("d", cc.HEAD_DIM_BUCKETS)
+def test_prefill_traits_come_from_the_compiler(d):
+    t = cc.traits(d)
+    facts = df.prefill_facts()[d]
+    assert (t.block_m, t.block_n, t.num_warps, t.min_blocks_per_sm, t.q_in_regs) == (
+        facts["kBlockM"], facts["kBlockN"], facts["kNWarps"], facts["kMinBlocksPerSm"],
+        facts["kQInRegs"])
+    assert t.smem_bytes == facts["kSmemBytes"] == _prefill_smem(t)
+    assert t.block_m % (16 * t.num_warps) == 0 and t.block_n % 16 == 0
+
+
+@pytest.mark.parametrize("d", dc.DECODE_BUCKETS)
+def test_decode_traits_come_from_the_compiler(d):
+    key = dc.DecodeKey("bf16", d)
+    assert 1 <= key.min_blocks <= 4 and key.stages >= 2
+    assert dc.smem_bytes(d) == _decode_smem(d, key.stages)
+    assert dc.smem_bytes(d) * key.min_blocks <= 227 * 1024  # fits an H100/H200 SM
+
+
+def test_tuning_override_smem_is_asked_of_the_compiler():
+    t = cc.Traits(128, 128, 64, 8, 1, 1)  # not a shipped configuration
+    assert t.smem_bytes == _prefill_smem(t)
+
+
+def test_disk_cache_round_trip(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
+    df._all_facts.cache_clear()
+    try:
+        facts = df._all_facts()
+        files = list(tmp_path.glob("cupy_flashattn_device_facts_*.json"))
+        assert len(files) == 1
+        assert json.loads(files[0].read_text())["decode"][str(dc.DECODE_BUCKETS[0])] == \
+            facts["decode"][dc.DECODE_BUCKETS[0]]
+        df._all_facts.cache_clear()
+        assert df._all_facts() == facts  # read back from the file
+    finally:
+        df._all_facts.cache_clear()
