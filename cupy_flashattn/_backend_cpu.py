@@ -51,6 +51,7 @@ import ml_dtypes
 import numpy as np
 from numba import njit, prange
 
+from . import _rules
 from .errors import DTypeError, ShapeError, explain
 from .problem import AttentionProblem
 
@@ -154,6 +155,13 @@ def resolve_sequences(problem: AttentionProblem) -> SequenceRanges:
 # --------------------------------------------------------------------------------------------
 
 
+# The shared rules (_rules.py), compiled for the kernel below.
+_visible_key_range = njit(cache=True)(_rules.visible_key_range)
+_key_visible = njit(cache=True)(_rules.key_visible)
+_logit = njit(cache=True, error_model="numpy")(_rules.logit)
+_page_and_row = njit(cache=True)(_rules.page_and_row)
+
+
 @njit(cache=True, fastmath=False, error_model="numpy")
 def _attend_query_tile(
     q, k, v, out, softmax_lse,
@@ -170,12 +178,8 @@ def _attend_query_tile(
     slope = alibi_slopes[bidb, bidh] if has_alibi else 0.0
 
     # Keys any row of this tile may see: [n_lo, n_hi).  Rows further down see further right.
-    n_lo = 0
-    n_hi = seqlen_k
-    if window_left >= 0:
-        n_lo = max(0, m_start + shift - window_left)
-    if window_right >= 0:
-        n_hi = min(seqlen_k, m_start + m_rows - 1 + shift + window_right + 1)
+    n_lo, n_hi = _visible_key_range(m_start + shift, m_start + m_rows - 1 + shift, seqlen_k,
+                                    window_left, window_right)
 
     q_tile = np.empty((BLOCK_M, head_dim), dtype=q.dtype)
     for m in range(m_rows):
@@ -195,11 +199,12 @@ def _attend_query_tile(
         for n in range(n_count):
             key_pos = n_start + n
             if paged:
-                page = block_table[bidb, key_pos // page_block_size]
+                column, row_in_page = _page_and_row(key_pos, page_block_size)
+                page = block_table[bidb, column]
                 if page < 0 or page >= num_pages:
                     key_row[n] = -1  # out-of-range page id: the key is absent, never read
                 else:
-                    key_row[n] = page * page_block_size + key_pos % page_block_size
+                    key_row[n] = page * page_block_size + row_in_page
             else:
                 key_row[n] = k_start + key_pos
 
@@ -228,20 +233,11 @@ def _attend_query_tile(
             diag = m_start + m + shift  # key position aligned with this query row
             for n in range(n_count):
                 key_pos = n_start + n
-                visible = key_row[n] >= 0
-                if window_left >= 0 and key_pos < diag - window_left:
-                    visible = False
-                if window_right >= 0 and key_pos > diag + window_right:
-                    visible = False
-                if not visible:
+                if key_row[n] < 0 or not _key_visible(key_pos, diag, window_left, window_right):
                     scores[m, n] = -np.inf
                     continue
-                s = scores[m, n] * softmax_scale
-                if softcap > 0.0:
-                    s = softcap * np.tanh(s / softcap)
-                if has_alibi:
-                    s -= slope * abs(diag - key_pos)
-                scores[m, n] = s
+                scores[m, n] = _logit(scores[m, n], softmax_scale, softcap, slope,
+                                      abs(diag - key_pos))
 
         # Online softmax update, row by row.  The max skips NaN logits (NaN q or k, a NaN
         # slope, inf * 0) and flags the row instead: it outputs NaN, never the empty marker.

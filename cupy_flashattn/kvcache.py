@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._arrays import BFLOAT16, array_module, dtype_name
+from ._rules import page_and_row
 from .errors import (
     ArgumentError,
     CacheExhaustedError,
@@ -494,7 +495,8 @@ class PagedKVCache:
         seq_of_token = np.repeat(np.arange(batch), counts)
         starts = np.cumsum(counts) - counts  # first packed row of each sequence
         pos = lengths[seq_of_token] + (np.arange(seq_of_token.size) - starts[seq_of_token])
-        return table[seq_of_token, pos // P], pos % P
+        column, row = page_and_row(pos, P)
+        return table[seq_of_token, column], row
 
 
 def _counts_from_cu_seqlens(cu_seqlens, batch: int, total: int) -> np.ndarray:

@@ -19,6 +19,7 @@ import functools
 import numpy as np
 
 from ._arrays import BFLOAT16, array_module, dtype_name
+from ._rules import page_and_row
 from .errors import BlockTableError, DTypeError, SeqlenError, ShapeError, explain
 from .validate import same_library
 
@@ -216,7 +217,7 @@ def append_kv_paged(k_pages, v_pages, block_table, k_new, v_new, cache_seqlens):
                                        table=block_table, page_size=P):
         return
     pos = cache_seqlens.astype(np.int64)[:, None] + xp.arange(S_new, dtype=np.int64)[None, :]
-    col = pos // P  # floor division, so a negative position gets a negative column
+    col, slots = page_and_row(pos, P)  # floor division: a negative position, a negative column
     pos_ok = (pos >= 0) & (col < width)
     pages = xp.take_along_axis(block_table, xp.clip(col, 0, width - 1), axis=1).astype(np.int64)
     page_ok = (pages >= 0) & (pages < num_blocks)
@@ -225,7 +226,6 @@ def append_kv_paged(k_pages, v_pages, block_table, k_new, v_new, cache_seqlens):
             pos, width * P, f"max_blocks_per_seq * page_block_size = {width} * {P}",
             "widen the block table (more pages per sequence) or append fewer tokens"))
         _require(page_ok, lambda: _page_error(pages, col, num_blocks))
-    slots = pos % P
     _scatter(xp, k_pages, pages, slots, pos_ok & page_ok, k_new)
     _scatter(xp, v_pages, pages, slots, pos_ok & page_ok, v_new)
 
