@@ -384,21 +384,8 @@ def _prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
         P = validate.page_block_size(page_block_size, k)
         validate.block_table(block_table, xp, B)
     if full:
-        validate.max_seqlen_covers("max_seqlen_q", max_seqlen_q, "cu_seqlens_q", cu_seqlens_q)
-        lengths_k = np.diff(validate._host(cu_seqlens_k).astype(np.int64))
-        if seqused_k is not None:
-            used = validate._host(seqused_k).astype(np.int64)
-            if not paged:
-                validate.seqused_within(used, lengths_k)
-            lengths_k = used
-        if paged:
-            validate.lengths_fit(
-                "cu_seqlens_k" if seqused_k is None else "seqused_k", lengths_k,
-                int(block_table.shape[1]) * P,
-                f"is longer than max_blocks_per_seq * page_block_size = {block_table.shape[1]} * {P}",
-                "give the block table more columns or the sequence fewer keys",
-            )
-            validate.block_ids_in_range(block_table, lengths_k, P, int(k.shape[0]))
+        validate.varlen_values(max_seqlen_q, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
+                               P, int(k.shape[0]))
     left, right = _mask(causal, window_size)
     _check_output(xp, q, out, tuple(q.shape))
     fields = dict(
@@ -648,23 +635,9 @@ def _prepare_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
     logits = _logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, B, H)
 
     if full:
-        host_lens = validate._host(seqlens).astype(np.int64)
-        if rotary_cos is not None:
-            validate.rotary_covers(rotary_cos, int((host_lens + S_new).max(initial=0)))
-        validate.lengths_fit(
-            "cache_seqlens", host_lens + S_new, capacity,
-            f"would hold more than the cache's {capacity} positions after appending {S_new} new tokens",
-            "allocate a larger cache (or more block-table columns), or start a new sequence",
-        )
-        if cache_batch_idx is not None:
-            validate.indices_in_range(
-                "cache_batch_idx", cache_batch_idx, int(k_cache.shape[0]),
-                "use row indices of k_cache, in [0, k_cache.shape[0])",
-            )
-        if cache_leftpad is not None:
-            validate.leftpad_within(cache_leftpad, host_lens)
-        if paged:
-            validate.block_ids_in_range(block_table, host_lens + S_new, P, int(k_cache.shape[0]))
+        validate.kvcache_values(seqlens, S_new, capacity, rotary_cos, cache_batch_idx,
+                                cache_leftpad, block_table if paged else None, P,
+                                int(k_cache.shape[0]))
 
     fields = dict(
         batch_size=B, seqlen_q=Sq, seqlen_k=capacity, max_seqlen_q=Sq, max_seqlen_k=capacity,

@@ -612,3 +612,56 @@ def rotary_covers(cos, needed_positions: int):
             f"seqlen_ro >= {needed_positions}", f"shape {_shape(cos)}",
             "build the tables for every position up to the cache capacity",
         )
+
+
+# -- value checks (check=True): they read index arrays on the host ----------------------------
+
+
+def varlen_values(max_seqlen_q, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, page_size,
+                  num_pages) -> None:
+    """flash_attn_varlen_func's value checks: max_seqlen_q covers every query length; seqused_k
+    within the contiguous lengths; paged lengths within the table's capacity and every used
+    block id a page of the pool.  ``block_table`` None: contiguous k/v."""
+    paged = block_table is not None
+    max_seqlen_covers("max_seqlen_q", max_seqlen_q, "cu_seqlens_q", cu_seqlens_q)
+    lengths_k = np.diff(_host(cu_seqlens_k).astype(np.int64))
+    if seqused_k is not None:
+        used = _host(seqused_k).astype(np.int64)
+        if not paged:
+            seqused_within(used, lengths_k)
+        lengths_k = used
+    if paged:
+        width = int(block_table.shape[1])
+        lengths_fit(
+            "cu_seqlens_k" if seqused_k is None else "seqused_k", lengths_k, width * page_size,
+            f"is longer than max_blocks_per_seq * page_block_size = {width} * {page_size}",
+            "give the block table more columns or the sequence fewer keys",
+        )
+        block_ids_in_range(block_table, lengths_k, page_size, num_pages)
+
+
+def kvcache_values(cache_seqlens, new_tokens, capacity, rotary_cos, cache_batch_idx,
+                   cache_leftpad, block_table, page_size, cache_rows) -> None:
+    """flash_attn_with_kvcache's value checks, made before anything is appended: the lengths
+    after the append fit the cache (and the rotary tables), cache_batch_idx rows exist,
+    cache_leftpad within the lengths, every used block id a page of the pool.  ``block_table``
+    None: a contiguous cache of ``cache_rows`` rows; else a pool of ``cache_rows`` pages."""
+    host_lens = _host(cache_seqlens).astype(np.int64)
+    after = host_lens + new_tokens
+    if rotary_cos is not None:
+        rotary_covers(rotary_cos, int(after.max(initial=0)))
+    lengths_fit(
+        "cache_seqlens", after, capacity,
+        f"would hold more than the cache's {capacity} positions after appending {new_tokens} "
+        "new tokens",
+        "allocate a larger cache (or more block-table columns), or start a new sequence",
+    )
+    if cache_batch_idx is not None:
+        indices_in_range(
+            "cache_batch_idx", cache_batch_idx, cache_rows,
+            "use row indices of k_cache, in [0, k_cache.shape[0])",
+        )
+    if cache_leftpad is not None:
+        leftpad_within(cache_leftpad, host_lens)
+    if block_table is not None:
+        block_ids_in_range(block_table, after, page_size, cache_rows)

@@ -314,28 +314,36 @@ def precompile(
     """
     names = []
     for dt, d, f in itertools.product(dtypes, head_dims, features):
-        key = KernelKey(_dtype_tag(dt), bucket_for(d), **f)
+        key = KernelKey(kernel_dtype_tag(dt), bucket_for(d), **f)
         get_kernel(key)
         names.append(key.name)
     return names
 
 
-def _dtype_tag(dt) -> str:
-    if dt in DTYPES:
-        return dt
+def kernel_dtype_tag(dtype) -> str:
+    """The kernel element type serving ``dtype``: "f16" for float16; "bf16" for bfloat16 and
+    for float32 (computed with bf16 operands and fp32 accumulation).  Tags pass through.  The
+    one place this mapping is written (prefill and decode keys, precompile)."""
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return dtype
     import numpy as np
 
-    name = np.dtype(dt).name
-    return {"float16": "f16", "bfloat16": "bf16", "float32": "bf16"}[name]
+    name = np.dtype(dtype).name
+    tag = {"float16": "f16", "bfloat16": "bf16", "float32": "bf16"}.get(name)
+    if tag is None:
+        raise TypeError(f"q: dtype {name} is not supported by the CUDA kernels (expected "
+                        "float16, bfloat16 or float32)")
+    return tag
 
 
-def bucket_for(head_dim: int) -> int:
-    """Smallest bucket holding head_dim rounded up to a multiple of 8."""
+def bucket_for(head_dim: int, buckets=HEAD_DIM_BUCKETS) -> int:
+    """Smallest of ``buckets`` holding head_dim rounded up to a multiple of 8 (the D tail of a
+    bucket is predicated in the kernels)."""
     d8 = -(-int(head_dim) // 8) * 8
-    for b in HEAD_DIM_BUCKETS:
+    for b in buckets:
         if d8 <= b:
             return b
-    raise ValueError(f"head_dim {head_dim} exceeds the largest bucket {HEAD_DIM_BUCKETS[-1]}")
+    raise ValueError(f"head_dim {head_dim} exceeds the largest bucket {buckets[-1]}")
 
 
 def compile_for_arch(

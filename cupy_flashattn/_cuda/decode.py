@@ -33,7 +33,7 @@ from ..problem import AttentionProblem
 from .args import INT_MAX, Operands, problem_pointers
 from .args import bf16_dtype as _bf16
 from .args import elem_stride as _es
-from .compile import PARAMS, load_function
+from .compile import PARAMS, bucket_for, kernel_dtype_tag, load_function
 from .device_facts import decode_facts
 from .packing import ArgPack
 from .launcher import Launch, launch_packed
@@ -133,11 +133,7 @@ def smem_bytes(bucket: int) -> int:
 
 
 def decode_bucket(head_dim: int) -> int:
-    d8 = -(-int(head_dim) // 8) * 8
-    for b in DECODE_BUCKETS:
-        if d8 <= b:
-            return b
-    raise ValueError(f"head_dim {head_dim} exceeds the largest decode bucket {DECODE_BUCKETS[-1]}")
+    return bucket_for(head_dim, DECODE_BUCKETS)
 
 
 def decode_shipped_keys() -> list:
@@ -296,7 +292,7 @@ def plan(problem: AttentionProblem, len_q_max=None):
     import cupy
 
     p = problem
-    dt = "f16" if np.dtype(p.q.dtype) == np.float16 else "bf16"
+    dt = kernel_dtype_tag(p.q.dtype)
     key = DecodeKey(dt, decode_bucket(p.head_dim))
     g = p.num_heads // p.num_heads_k
     longest = int(p.max_seqlen_q) if len_q_max is None else min(int(p.max_seqlen_q), int(len_q_max))

@@ -25,7 +25,7 @@ from ..problem import AttentionProblem
 from .args import Operands, problem_pointers
 from .args import aligned as _aligned
 from .args import bf16_dtype as _bf16
-from .compile import FWD_ARGS, KernelKey, bucket_for, get_kernel, traits
+from .compile import FWD_ARGS, KernelKey, bucket_for, get_kernel, kernel_dtype_tag, traits
 from .launcher import Launch, launch_packed
 
 __all__ = ["run_attention", "is_available", "select_kernel"]
@@ -43,21 +43,12 @@ def is_available() -> bool:
         return False
 
 
-def _dtype_tag(dtype) -> str:
-    dtype = np.dtype(dtype)
-    if dtype == np.float16:
-        return "f16"
-    if dtype == _bf16() or dtype == np.float32:
-        return "bf16"
-    raise TypeError(f"q: dtype {dtype} is not supported (expected float16, bfloat16 or float32)")
-
-
 def select_kernel(problem: AttentionProblem) -> KernelKey:
     """The instantiation that serves this problem."""
     p = problem
     scale_ok = p.softmax_scale > 0 and np.isfinite(p.softmax_scale)
     return KernelKey(
-        dtype=_dtype_tag(p.q.dtype),
+        dtype=kernel_dtype_tag(p.q.dtype),
         head_dim=bucket_for(p.head_dim),
         # A scale <= 0 cannot be folded into exp2 after the row max (it would flip the
         # ordering): the transform path scales first; with no slopes it adds a zero bias.
