@@ -27,6 +27,7 @@ DEMO_EXTRAS ?= $(if $(HAVE_GPU),test$(comma)cuda12,)
 PYTEST_ARGS ?=
 BENCH_ARGS  ?=
 BENCH_DECODE_ARGS ?=
+BENCH_VARLEN_ARGS ?=
 PIP_ARGS    ?=
 LINT_PATHS  := $(wildcard cupy_flashattn tests examples benchmarks tools)
 # ruff's classic default rules, pinned (newer ruff releases select more by default); `l` for an
@@ -78,6 +79,7 @@ test-gpu: ## GPU tests only, in place with the machine's python3 (no install, no
 bench: ## Prefill + decode benchmarks vs torch SDPA, in place with the machine's python3
 	PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} python3 benchmarks/bench.py $(BENCH_ARGS)
 	PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} python3 benchmarks/bench_decode.py $(BENCH_DECODE_ARGS)
+	PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} python3 benchmarks/bench_varlen.py $(BENCH_VARLEN_ARGS)
 
 lint: $(STAMP) ## ruff (when installed) and compileall over the Python sources
 	@if $(VPY) -m ruff --version >/dev/null 2>&1; then \

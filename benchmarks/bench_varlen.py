@@ -7,7 +7,7 @@ torch ships; SDPA itself has no varlen form).  Both are timed as a user calls th
 (``measure.py``): one call start to end, and back-to-back calls.  The attention work counts
 only the visible (causal) pairs of each sequence.
 
-    PYTHONPATH=. python3 benchmarks/bench_varlen.py [--out DIR]
+    PYTHONPATH=. python3 benchmarks/bench_varlen.py [--out DIR]   (also run by `make bench`)
 """
 
 from __future__ import annotations
@@ -89,7 +89,9 @@ def run_row(torch, lens, H, Hk, D, reps=30):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None, help="directory for varlen.csv (default: print only)")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                  "results"),
+                    help="directory for varlen.csv (default: benchmarks/results)")
     args = ap.parse_args(argv)
     import torch
 
