@@ -9,23 +9,7 @@ export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/fa_cupy_cache}
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 stamp "precompile"
-python3 - <<'PY' 2>&1 | tail -n 3
-from concurrent.futures import ProcessPoolExecutor
-def prefill(key):
-    from cupy_flashattn._cuda import compile as cc
-    cc.get_kernel(cc.KernelKey(*key))
-def decode(_):
-    from cupy_flashattn._cuda import decode as dc
-    return len(dc.precompile_decode())
-if __name__ == "__main__":
-    from cupy_flashattn._cuda import compile as cc
-    keys = [(k.dtype, k.head_dim, k.transform, k.paged) for k in cc.shipped_keys()]
-    with ProcessPoolExecutor(14) as ex:
-        futs = [ex.submit(prefill, k) for k in keys]
-        n = ex.submit(decode, 0).result()
-        for f in futs: f.result()
-    print(f"precompiled {len(keys)} prefill + {n} decode kernels")
-PY
+python3 tools/precompile_parallel.py 2>&1 | tail -n 1
 if [ "${PROFILE:-1}" = 1 ]; then
   stamp "profile"
   timeout 200 python3 tools/profile_host.py --profile --out "$OUT" > "$OUT/profile.txt" 2>&1

@@ -18,22 +18,7 @@ stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 
 stamp "precompile (prefill + decode, parallel NVRTC)"
-python3 - <<'PY' 2>&1 | tail -n 1
-from concurrent.futures import ProcessPoolExecutor
-def prefill(key):
-    from cupy_flashattn._cuda import compile as cc
-    cc.get_kernel(cc.KernelKey(*key))
-def decode(_):
-    from cupy_flashattn._cuda import decode as dc
-    return len(dc.precompile_decode())
-if __name__ == "__main__":
-    from cupy_flashattn._cuda import compile as cc
-    keys = [(k.dtype, k.head_dim, k.transform, k.paged) for k in cc.shipped_keys()]
-    with ProcessPoolExecutor(14) as ex:
-        list(ex.map(prefill, keys))
-        n = ex.submit(decode, 0).result()
-    print(f"precompiled {len(keys)} prefill + {n} decode kernels")
-PY
+python3 tools/precompile_parallel.py 2>&1 | tail -n 1
 
 stamp "benchmarks"
 mkdir -p "$OUT/bench"

@@ -1,0 +1,46 @@
+"""Compile (and load) every shipped kernel on the current GPU with parallel NVRTC processes, so
+that a device run's tests and benchmarks start with a warm kernel cache ($CUPY_CACHE_DIR).
+Used by tools/device_quick.sh and tools/device_verify.sh.
+
+    PYTHONPATH=. python3 tools/precompile_parallel.py [--jobs 14]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _prefill(key):
+    from cupy_flashattn._cuda import compile as cc
+
+    cc.get_kernel(cc.KernelKey(*key))
+
+
+def _decode(_):
+    from cupy_flashattn._cuda import decode as dc
+
+    return len(dc.precompile_decode())
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=14)
+    args = ap.parse_args(argv)
+    from cupy_flashattn._cuda import compile as cc
+
+    keys = [(k.dtype, k.head_dim, k.transform, k.paged) for k in cc.shipped_keys()]
+    with ProcessPoolExecutor(args.jobs) as ex:
+        futures = [ex.submit(_prefill, k) for k in keys]
+        n = ex.submit(_decode, 0).result()
+        for f in futures:
+            f.result()
+    print(f"precompiled {len(keys)} prefill + {n} decode kernels")
+
+
+if __name__ == "__main__":
+    main()
