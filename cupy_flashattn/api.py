@@ -417,13 +417,9 @@ def _varlen_from_cache(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     _refuse_what_the_cache_supplies("k", v=v, cu_seqlens_k=cu_seqlens_k, block_table=block_table,
                                     seqused_k=seqused_k)
     validate.page_block_size(page_block_size, cache.k_pages)
-    seq_ids = list(cache.seq_ids) if seq_ids is None else list(seq_ids)
-    table = cache.block_table(seq_ids)
-    lengths = cache.seqlens(seq_ids)
-    xp = cache.xp
-    cu_k = xp.zeros(len(seq_ids) + 1, dtype=np.int32)
-    if seq_ids:  # no sequence (an empty batch): cu_seqlens_k = [0]
-        cu_k[1:] = xp.cumsum(lengths)
+    seqs = cache._sequences(list(cache.seq_ids) if seq_ids is None else list(seq_ids))
+    # One upload of the table and cu_seqlens_k (summed on the host; [0] for no sequence).
+    table, cu_k = cache._varlen_tables(seqs)
     capacity = int(table.shape[1]) * cache.page_block_size
     return flash_attn_varlen_func(
         q, cache.k_pages, cache.v_pages, cu_seqlens_q, cu_k, max_seqlen_q,

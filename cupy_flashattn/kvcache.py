@@ -292,24 +292,43 @@ class PagedKVCache:
         seqs = self._sequences(self.seq_ids if seq_ids is None else seq_ids)
         return self._xp.asarray(np.array([s.length for s in seqs], dtype=np.int32))
 
-    def _step_tables(self, seqs):
-        """Device ``(block_table, seqlens)`` of ``seqs`` for one attention step, from ONE
-        host-to-device copy (a decode loop pays one transfer per step, not one per array).
-
-        The table is only as wide as the longest sequence needs, rounded up to a power of two
-        (capped at ``max_blocks_per_seq``): a step of short sequences does not upload
-        ``max_blocks_per_seq`` entries per row, and the width -- part of the call signature
-        that selects a cached launch plan -- changes only when a sequence doubles."""
+    def _table_width(self, seqs) -> int:
+        """Block-table width for a call over ``seqs``: as wide as the longest sequence needs,
+        rounded up to a power of two (capped at ``max_blocks_per_seq``): a call over short
+        sequences does not upload ``max_blocks_per_seq`` entries per row, and the width -- part
+        of the call signature that selects a cached launch plan -- changes only when a sequence
+        doubles."""
         used = max((len(s.pages) for s in seqs), default=0)
-        width = min(self._max_blocks_per_seq, 1 << max(0, used - 1).bit_length())
-        batch = len(seqs)
-        host = np.zeros(batch * width + batch, dtype=np.int32)
+        return min(self._max_blocks_per_seq, 1 << max(0, used - 1).bit_length())
+
+    def _upload_tables(self, seqs, tail):
+        """Device ``(block_table, tail)`` from ONE host-to-device copy of the table of ``seqs``
+        followed by the int32 values ``tail`` (a call pays one transfer, not one per array)."""
+        batch, width = len(seqs), self._table_width(seqs)
+        host = np.zeros(batch * width + len(tail), dtype=np.int32)
         table = host[: batch * width].reshape(batch, width)
         for row, seq in zip(table, seqs):
             row[: len(seq.pages)] = seq.pages
-        host[batch * width :] = [s.length for s in seqs]
+        host[batch * width :] = tail
         dev = self._xp.asarray(host)
         return dev[: batch * width].reshape(batch, width), dev[batch * width :]
+
+    def _step_tables(self, seqs):
+        """Device ``(block_table, seqlens)`` of ``seqs`` for one decode step (one upload)."""
+        return self._upload_tables(seqs, [s.length for s in seqs])
+
+    def _varlen_tables(self, seqs):
+        """Device ``(block_table, cu_seqlens_k)`` of ``seqs`` for a varlen call (one upload;
+        the cumulative lengths are summed on the host, where the lengths live)."""
+        cu = np.zeros(len(seqs) + 1, dtype=np.int64)
+        cu[1:] = np.cumsum([s.length for s in seqs])
+        if cu[-1] > np.iinfo(np.int32).max:
+            raise explain(
+                SeqlenError, "seq_ids", "hold more cached tokens than int32 cu_seqlens_k can count",
+                f"at most {np.iinfo(np.int32).max} tokens in one call", f"{int(cu[-1])} tokens",
+                "attend over fewer sequences per call",
+            )
+        return self._upload_tables(seqs, cu)
 
     def plan_decode_steps(self, seq_ids=None, new_tokens: int = 1) -> "DecodeSteps":
         """Fixed device buffers for a decode loop that appends ``new_tokens`` per step to
