@@ -48,18 +48,53 @@ def mixed_split(problem):
     return decode_len_q_limit(p.num_heads, p.num_heads_k)
 
 
-def plan_attention(problem):
-    """The launch plan that serves ``problem`` (host-only decisions, no launch): the decode
-    kernel when :func:`decode_applies`; for a mixed varlen batch (chunked prefill next to
-    decode steps) both kernels, each serving its own sequences (:func:`mixed_split`); else the
-    prefill kernel.  A plan depends only on the problem's shapes, strides, dtypes, alignment and
-    scalars, so it can be replayed on other arrays of the same signature (api.py caches it)."""
+def route(problem):
+    """Which kernels serve ``problem``: ``("decode", None)`` when :func:`decode_applies`;
+    ``("mixed", limit)`` for a varlen batch whose sequences of at most ``limit`` queries go to
+    the decode kernel and the rest to prefill (:func:`mixed_split`); else ``("prefill", None)``.
+    The one place this choice is made (plans and :func:`describe_launches` both ask it)."""
     if decode_applies(problem):
-        return (DecodePlan(problem),)
+        return "decode", None
     limit = mixed_split(problem)
-    if limit is None:
+    return ("prefill", None) if limit is None else ("mixed", limit)
+
+
+def plan_attention(problem):
+    """The launch plan that serves ``problem`` (host-only decisions, no launch), per
+    :func:`route`.  A plan depends only on the problem's shapes, strides, dtypes, alignment and
+    scalars, so it can be replayed on other arrays of the same signature (api.py caches it)."""
+    kind, limit = route(problem)
+    if kind == "decode":
+        return (DecodePlan(problem),)
+    if kind == "prefill":
         return (PrefillPlan(problem),)
     return (DecodePlan(problem, len_q_max=limit), PrefillPlan(problem, len_q_min=limit + 1))
+
+
+def describe_launches(problem, sm_count=None) -> tuple:
+    """What :func:`plan_attention` would launch, as plain data and without a GPU (``sm_count``
+    given): one dict per kernel with ``kernel`` (entry-point name), ``grid``, ``block``,
+    ``smem`` (bytes) and, for decode, ``splits`` and the query-length range it serves.  Plan
+    tests (``tests/test_plan.py``) and debugging read it; the plans compute the same values
+    through the same functions."""
+    from .decode import DECODE_THREADS, plan as decode_plan, smem_bytes as decode_smem
+    from .launch import prefill_grid
+
+    kind, limit = route(problem)
+    out = []
+    if kind in ("decode", "mixed"):
+        key, m_blocks, splits = decode_plan(problem, len_q_max=limit, sm_count=sm_count)
+        out.append(dict(kernel=key.name, grid=(splits * m_blocks, problem.num_heads_k,
+                                                int(problem.batch_size)),
+                        block=(DECODE_THREADS,), smem=decode_smem(key.head_dim), splits=splits,
+                        len_q=(1, limit) if limit is not None else (1, None)))
+    if kind in ("prefill", "mixed"):
+        key = select_kernel(problem)
+        tr = traits(key.head_dim)
+        out.append(dict(kernel=key.name, grid=prefill_grid(problem, tr), block=(tr.num_threads,),
+                        smem=tr.smem_bytes, splits=1,
+                        len_q=(limit + 1, None) if limit is not None else (1, None)))
+    return tuple(out)
 
 
 def run_attention(problem, plan=None):
@@ -76,6 +111,8 @@ def run_attention(problem, plan=None):
 __all__ = [
     "run_attention",
     "plan_attention",
+    "route",
+    "describe_launches",
     "run_prefill",
     "run_decode",
     "decode_applies",

@@ -285,12 +285,11 @@ def _elem_code(dtype) -> int:
     raise TypeError(f"unsupported dtype {dtype}")
 
 
-def plan(problem: AttentionProblem, len_q_max=None):
+def plan(problem: AttentionProblem, len_q_max=None, sm_count=None):
     """(key, m_blocks, num_splits) the launcher would use (host-only, no launch).  With
     ``len_q_max`` (the decode half of a mixed batch) the grid covers queries up to that length
-    and there is no split: the combine kernel would rewrite the prefill kernel's rows."""
-    import cupy
-
+    and there is no split: the combine kernel would rewrite the prefill kernel's rows.
+    ``sm_count``: SMs of the GPU the split heuristic fills (default: the current device's)."""
     p = problem
     dt = kernel_dtype_tag(p.q.dtype)
     key = DecodeKey(dt, decode_bucket(p.head_dim))
@@ -303,8 +302,11 @@ def plan(problem: AttentionProblem, len_q_max=None):
     if p.num_splits and p.num_splits > 0:
         splits = int(p.num_splits)
     else:
-        splits = num_splits_heuristic(ctas, int(p.max_seqlen_k), _sm_count(cupy.cuda.Device().id),
-                                      key.min_blocks)
+        if sm_count is None:
+            import cupy
+
+            sm_count = _sm_count(cupy.cuda.Device().id)
+        splits = num_splits_heuristic(ctas, int(p.max_seqlen_k), sm_count, key.min_blocks)
     splits = max(1, min(splits, 256))
     return key, m_blocks, splits
 

@@ -57,6 +57,13 @@ def select_kernel(problem: AttentionProblem) -> KernelKey:
     )
 
 
+def prefill_grid(problem: AttentionProblem, tr) -> tuple:
+    """(query tiles of the longest sequence, heads, batch): one CTA per block_m queries of one
+    head of one sequence (a varlen CTA past its sequence's end exits at once)."""
+    p = problem
+    return (-(-int(p.max_seqlen_q) // tr.block_m), p.num_heads, int(p.batch_size))
+
+
 def needs_temporaries(problem: AttentionProblem) -> bool:
     """True when the launch writes into a temporary (padded head dim, float32 output, misaligned
     out, strided LSE) that is copied back whole -- which would overwrite rows another kernel
@@ -84,7 +91,7 @@ class PrefillPlan:
         tr = traits(key.head_dim)
         self.compute_dtype = np.dtype(np.float16) if key.dtype == "f16" else _bf16()
         self.len_q_min = len_q_min
-        self.grid = (-(-int(p.max_seqlen_q) // tr.block_m), p.num_heads, int(p.batch_size))
+        self.grid = prefill_grid(p, tr)
         self.block = (tr.num_threads,)
         self.smem = tr.smem_bytes
         self.empty = not (self.grid[0] > 0 and self.grid[2] > 0 and p.total_q > 0)

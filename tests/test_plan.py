@@ -1,0 +1,91 @@
+"""The CUDA launch plan as plain data (``_cuda.describe_launches``), decided without a GPU: which
+kernels run, their grids, blocks, shared memory and split counts.  The plans that launch
+(``PrefillPlan``, ``DecodePlan``) compute the same values through the same functions (``route``,
+``select_kernel``, ``prefill_grid``, ``decode.plan``); these tests pin the decisions."""
+
+import numpy as np
+import pytest
+
+from helpers import require_nvrtc
+
+require_nvrtc()  # traits and shared memory come from the compiler (device_facts.py)
+
+from cupy_flashattn._cuda import describe_launches, route  # noqa: E402
+from cupy_flashattn._cuda import compile as cc  # noqa: E402
+from cupy_flashattn._cuda import decode as dc  # noqa: E402
+from cupy_flashattn.problem import AttentionProblem  # noqa: E402
+
+H100_SMS = 132
+
+
+def _problem(*, H=32, Hk=8, D=128, B=2, max_q=1, max_k=4096, varlen=False, paged=False,
+             dtype=np.float16, softcap=0.0, alibi=False, num_splits=0, scale=0.1):
+    rows = 64
+    q = np.zeros((rows, H, D), dtype)
+    k = np.zeros((16, 16, Hk, D) if paged else (rows, Hk, D), dtype)
+    return AttentionProblem(
+        q=q, k=k, v=k, out=np.zeros((rows, H, D), dtype),
+        softmax_lse=np.zeros((H, rows), np.float32), batch_size=B,
+        seqlen_q=0 if varlen else max_q, seqlen_k=0 if varlen else max_k, max_seqlen_q=max_q,
+        max_seqlen_k=max_k, cu_seqlens_q=np.zeros(B + 1, np.int32) if varlen else None,
+        cu_seqlens_k=np.zeros(B + 1, np.int32) if varlen else None,
+        block_table=np.zeros((B, 8), np.int32) if paged else None,
+        page_block_size=16 if paged else 0, softmax_scale=scale, softcap=softcap,
+        alibi_slopes=np.zeros((B, H), np.float32) if alibi else None, num_splits=num_splits,
+    )
+
+
+def test_small_decode_runs_the_decode_kernel_split_to_fill_the_gpu():
+    p = _problem(B=1, max_q=1, max_k=4096)
+    assert route(p) == ("decode", None)
+    (launch,) = describe_launches(p, sm_count=H100_SMS)
+    assert launch["kernel"] == "fa_decode_f16_d128"
+    # 1 packed 16-row tile x 8 kv heads x 1 sequence = 8 CTAs: split the 4096 keys.
+    assert launch["splits"] == dc.num_splits_heuristic(8, 4096, H100_SMS, 2) > 1
+    assert launch["grid"] == (launch["splits"], 8, 1)
+    assert launch["block"] == (dc.DECODE_THREADS,) and launch["smem"] == dc.smem_bytes(128)
+
+
+def test_large_decode_batch_is_not_split_and_explicit_splits_win():
+    p = _problem(B=64, max_q=1, max_k=4096)
+    assert describe_launches(p, sm_count=H100_SMS)[0]["splits"] == 1  # 512 CTAs fill 132 SMs
+    p = _problem(B=64, max_q=1, max_k=4096, num_splits=3)
+    assert describe_launches(p, sm_count=H100_SMS)[0]["grid"] == (3, 8, 64)
+
+
+def test_prefill_grid_block_and_shared_memory_come_from_the_tile_table():
+    p = _problem(B=4, max_q=1000, max_k=1000, H=16, Hk=16, D=80, dtype=np.float32)
+    assert route(p) == ("prefill", None)
+    (launch,) = describe_launches(p)
+    tr = cc.traits(96)  # D = 80 runs in the 96 bucket; float32 on bf16 kernels
+    assert launch["kernel"] == "fa_fwd_bf16_d96"
+    assert launch["grid"] == (-(-1000 // tr.block_m), 16, 4)
+    assert launch["block"] == (tr.num_threads,) and launch["smem"] == tr.smem_bytes
+
+
+@pytest.mark.parametrize("softcap,alibi,scale,transform", [
+    (0.0, False, 0.1, False), (30.0, False, 0.1, True), (0.0, True, 0.1, True),
+    (0.0, False, -0.5, True),  # a scale <= 0 cannot be folded into exp2 after the row max
+])
+def test_feature_flags_pick_the_transform_kernel(softcap, alibi, scale, transform):
+    p = _problem(B=2, max_q=512, max_k=512, H=8, Hk=8, paged=True, softcap=softcap, alibi=alibi,
+                 scale=scale)
+    (launch,) = describe_launches(p)
+    assert launch["kernel"] == f"fa_fwd_f16_d128{'_transform' if transform else ''}_paged"
+
+
+def test_mixed_varlen_batch_splits_between_the_two_kernels():
+    p = _problem(B=8, max_q=300, max_k=2048, varlen=True)
+    kind, limit = route(p)
+    assert (kind, limit) == ("mixed", dc.decode_len_q_limit(32, 8))
+    decode, prefill = describe_launches(p, sm_count=H100_SMS)
+    assert decode["kernel"].startswith("fa_decode_") and decode["splits"] == 1
+    assert decode["len_q"] == (1, limit) and prefill["len_q"] == (limit + 1, None)
+    assert prefill["kernel"] == "fa_fwd_f16_d128"
+
+
+def test_decode_bucket_and_long_queries():
+    p = _problem(B=1, max_q=1, D=200)  # D = 200 decodes in the 256 bucket
+    assert describe_launches(p, sm_count=H100_SMS)[0]["kernel"] == "fa_decode_f16_d256"
+    p = _problem(B=1, max_q=64, H=8, Hk=8)  # 64 query rows of one head: prefill's job
+    assert route(p) == ("prefill", None)
