@@ -3,7 +3,7 @@
 Plain Python functions of ints and floats (NumPy arrays work too where noted), so that the host
 code calls them directly and ``_backend_cpu.py`` compiles the same functions with Numba for its
 kernel (``njit(rule)``): one definition, no restatement.  The CUDA kernels state the same rules
-in ``cuda_src/mask.cuh`` and ``block_info.cuh``; ``reference.py`` states them independently on
+in ``cuda_src/attn/mask.cuh`` and ``block_info.cuh``; ``reference.py`` states them independently on
 purpose (it is the oracle the tests compare both with).
 
 * Alignment: query row ``i`` of a sequence with ``len_q`` queries and ``len_k`` keys sits at

@@ -52,7 +52,7 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b):
         otherwise the merge is computed in float32).  Rows empty in both parts give 0 and +inf;
         a NaN LSE in either part gives NaN (out and LSE).
         Works on NumPy and CuPy arrays (CuPy: one kernel, the split-KV combine kernel of
-        ``cuda_src/flash_decode.cu``, for float16/bfloat16/float32 outputs with float32 LSEs;
+        ``cuda_src/sm80/flash_decode.cu``, for float16/bfloat16/float32 outputs with float32 LSEs;
         a handful of elementwise kernels otherwise; never a host sync).
     """
     xp = _check(out_a, lse_a, out_b, lse_b)

@@ -3,7 +3,7 @@
 The public functions accept flash-attn's many layouts (dense, varlen, paged, a KV cache with
 batch indices and left padding).  ``api.py`` validates them and lowers each call to one
 :class:`AttentionProblem`, whose fields mirror flash-attn's ``Flash_fwd_params``.  The CPU
-backend (``_backend_cpu.py``) and the CUDA kernels (``cuda_src/block_info.cuh``) then resolve
+backend (``_backend_cpu.py``) and the CUDA kernels (``cuda_src/attn/block_info.cuh``) then resolve
 each sequence's rows with the *same* rules, written once here in :func:`resolve_sequence`
 (a host-side twin used by tests and by the CPU backend):
 

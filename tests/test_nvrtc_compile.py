@@ -52,7 +52,8 @@ def test_source_inlines_every_header():
 
     src = source.build_source()
     assert '#include "' not in src
-    for name in ("common.cuh", "block_info.cuh", "mask.cuh", "softmax.cuh", "kernel_traits.cuh"):
+    for name in ("common.cuh", "sm80/mma.cuh", "attn/block_info.cuh", "attn/mask.cuh",
+                 "attn/softmax.cuh", "sm80/kernel_traits.cuh"):
         assert f'/{name}"' in src, f"{name} not inlined with a #line directive"
     assert len(source.source_hash()) == 16
 

@@ -74,7 +74,7 @@ def test_decode_names_flat_and_unique():
 def test_decode_source_inlines_headers():
     src = dc.decode_source(KEYS)
     assert '#include "' not in src
-    for name in ("common.cuh", "params.cuh", "block_info.cuh"):
+    for name in ("common.cuh", "attn/params.cuh", "attn/block_info.cuh", "sm80/mma.cuh"):
         assert f'/{name}"' in src
 
 

@@ -37,7 +37,7 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-KERNEL_PATTERNS = ("*.cu", "*.cuh", "*.h")
+KERNEL_PATTERNS = ("**/*.cu", "**/*.cuh", "**/*.h")  # attn/, sm80/ and the top level
 WHEEL_KERNEL_DIR = "cupy_flashattn/cuda_src/"
 # What setuptools needs to build; everything else in the checkout is left behind.
 PACKAGING_INPUTS = ("setup.cfg", "pyproject.toml", "MANIFEST.in", "README.md", "Makefile",
@@ -47,12 +47,13 @@ _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.nbi", "*.nbc", "*.eg
 
 
 def kernel_files(cuda_src: Path) -> dict[str, str]:
-    """``{file name: sha256}`` of the kernel sources in a ``cuda_src`` directory."""
+    """``{path relative to cuda_src: sha256}`` of the kernel sources in a ``cuda_src`` directory."""
     files = {}
     for pattern in KERNEL_PATTERNS:
         for path in sorted(Path(cuda_src).glob(pattern)):
             if path.is_file():
-                files[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
+                rel = path.relative_to(cuda_src).as_posix()
+                files[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
     return files
 
 
@@ -111,10 +112,11 @@ def sdist_kernel_files(sdist: Path) -> dict[str, str]:
         out = {}
         for member in tar.getmembers():
             parts = member.name.split("/")
-            # <name>-<version>/cuda_src/<file>
-            if member.isfile() and len(parts) == 3 and parts[1] == "cuda_src":
+            # <name>-<version>/cuda_src/<path>
+            if (member.isfile() and len(parts) >= 3 and parts[1] == "cuda_src"
+                    and parts[-1].endswith((".cu", ".cuh", ".h"))):
                 data = tar.extractfile(member).read()
-                out[parts[2]] = hashlib.sha256(data).hexdigest()
+                out["/".join(parts[2:])] = hashlib.sha256(data).hexdigest()
     return out
 
 
@@ -123,8 +125,7 @@ def wheel_kernel_files(wheel: Path) -> dict[str, str]:
         return {
             name[len(WHEEL_KERNEL_DIR):]: hashlib.sha256(zf.read(name)).hexdigest()
             for name in zf.namelist()
-            if name.startswith(WHEEL_KERNEL_DIR) and "/" not in name[len(WHEEL_KERNEL_DIR):]
-            and not name.endswith(".py")
+            if name.startswith(WHEEL_KERNEL_DIR) and name.endswith((".cu", ".cuh", ".h"))
         }
 
 
@@ -162,7 +163,7 @@ _PROBE = textwrap.dedent(
     files = {}
     for pattern in %r:
         for p in sorted(d.glob(pattern)):
-            files[p.name] = hashlib.sha256(p.read_bytes()).hexdigest()
+            files[p.relative_to(d).as_posix()] = hashlib.sha256(p.read_bytes()).hexdigest()
     print(json.dumps({"package": str(pkg), "cuda_src": str(d), "how": how, "files": files,
                       "prefix": sys.prefix}))
     """

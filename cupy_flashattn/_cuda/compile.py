@@ -246,7 +246,7 @@ def kernel_source(keys: Union[KernelKey, Iterable[KernelKey]]) -> str:
     """Translation unit: flash_fwd.cu with headers inlined, plus one entry point per key."""
     if isinstance(keys, KernelKey):
         keys = [keys]
-    return (build_source("flash_fwd.cu") + '#line 1 "<generated entry points>"\n'
+    return (build_source("sm80/flash_fwd.cu") + '#line 1 "<generated entry points>"\n'
             + FWD_ARGS.c_struct() + "".join(_wrapper(k) for k in keys))
 
 

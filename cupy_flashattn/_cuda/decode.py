@@ -1,4 +1,4 @@
-"""Decode attention (``cuda_src/flash_decode.cu``): instantiations, split heuristic, launch.
+"""Decode attention (``cuda_src/sm80/flash_decode.cu``): instantiations, split heuristic, launch.
 
 When it applies (:func:`decode_applies`): the packed rows of one kv head -- ``max_seqlen_q * g``
 with ``g = H / Hk`` query heads per kv head -- fit in few 16-row tiles.  Then one CTA per
@@ -180,7 +180,7 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}(const {pack.struc
 def decode_source(keys=(), combine: bool = True) -> str:
     """flash_decode.cu (headers inlined) + entry points of ``keys`` (+ the combine kernel)."""
     keys = list(keys)
-    src = build_source("flash_decode.cu") + '#line 1 "<generated decode entry points>"\n'
+    src = build_source("sm80/flash_decode.cu") + '#line 1 "<generated decode entry points>"\n'
     if keys:
         src += DECODE_ARGS.c_struct() + "".join(_decode_wrapper(k) for k in keys)
     if combine:

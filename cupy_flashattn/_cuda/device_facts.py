@@ -83,14 +83,14 @@ def _all_facts() -> dict:
     from .decode import DECODE_BUCKETS
 
     exprs = [f"fa::FwdTraits<{d}>::{f}" for d in HEAD_DIM_BUCKETS for f in PREFILL_FACTS]
-    vals = _evaluate(build_source("kernel_traits.cuh"), exprs)
+    vals = _evaluate(build_source("sm80/kernel_traits.cuh"), exprs)
     n = len(PREFILL_FACTS)
     prefill = {d: dict(zip(PREFILL_FACTS, vals[i * n:(i + 1) * n]))
                for i, d in enumerate(HEAD_DIM_BUCKETS)}
     exprs = [f"fa::DecodeTraits<{d}>::kStages" for d in DECODE_BUCKETS]
     exprs += [f"fa::DecodeTraits<{d}>::kMinBlocks" for d in DECODE_BUCKETS]
     exprs += [f"fa::DecodeSmem<{d}>::kBytes" for d in DECODE_BUCKETS]
-    vals = _evaluate(build_source("flash_decode.cu"), exprs)
+    vals = _evaluate(build_source("sm80/flash_decode.cu"), exprs)
     k = len(DECODE_BUCKETS)
     decode = {d: dict(zip(DECODE_FACTS, (vals[i], vals[k + i], vals[2 * k + i])))
               for i, d in enumerate(DECODE_BUCKETS)}
@@ -118,5 +118,5 @@ def decode_facts() -> dict:
 @functools.cache
 def traits_facts(cxx: str) -> dict:
     """The PREFILL_FACTS of an arbitrary ``fa::FwdTraitsBase<...>`` (tuning overrides)."""
-    vals = _evaluate(build_source("kernel_traits.cuh"), [f"{cxx}::{f}" for f in PREFILL_FACTS])
+    vals = _evaluate(build_source("sm80/kernel_traits.cuh"), [f"{cxx}::{f}" for f in PREFILL_FACTS])
     return dict(zip(PREFILL_FACTS, vals))

@@ -2,7 +2,7 @@
 
 Everything here is host-side bookkeeping with no device synchronisation: no ``.get()``, no
 ``int(cupy_array)``; the grid comes from the host integer ``max_seqlen_q`` and every per-sequence
-quantity is resolved on the device (``cuda_src/block_info.cuh``).
+quantity is resolved on the device (``cuda_src/attn/block_info.cuh``).
 
 Adaptations made before the launch (each costs a copy, and only when needed):
   * head dims that are not a multiple of 8 (e.g. 59): q/k/v are zero-padded to the next

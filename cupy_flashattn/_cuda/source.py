@@ -29,10 +29,10 @@ def cuda_source_dir() -> pathlib.Path:
 
     pkg = pathlib.Path(cupy_flashattn.__file__).resolve().parent
     for cand in (pkg / "cuda_src", pkg.parent / "cuda_src"):
-        if (cand / "flash_fwd.cu").is_file():
+        if (cand / "sm80" / "flash_fwd.cu").is_file():
             return cand
     raise FileNotFoundError(
-        f"cuda_src: kernel sources not found (expected flash_fwd.cu in {pkg / 'cuda_src'} or "
+        f"cuda_src: kernel sources not found (expected sm80/flash_fwd.cu in {pkg / 'cuda_src'} or "
         f"{pkg.parent / 'cuda_src'}). Fix: reinstall cupy_flashattn, or run from a checkout."
     )
 
@@ -66,21 +66,29 @@ def _build_source_cached(main: str, mtimes: tuple) -> str:
 
 def _mtimes() -> tuple:
     d = cuda_source_dir()
-    return tuple(sorted((p.name, p.stat().st_mtime_ns) for p in d.iterdir() if p.is_file()))
+    return tuple(sorted((p.relative_to(d).as_posix(), p.stat().st_mtime_ns) for p in _source_files(d)))
 
 
-def build_source(main: str = "flash_fwd.cu") -> str:
-    """The full translation unit of ``cuda_src/<main>`` with our headers inlined."""
+def build_source(main: str = "sm80/flash_fwd.cu") -> str:
+    """The full translation unit of ``cuda_src/<main>`` (a path inside ``cuda_src/``, e.g.
+    ``"sm80/flash_decode.cu"``) with our headers inlined."""
     return _build_source_cached(main, _mtimes())
 
 
 def source_hash() -> str:
-    """SHA-256 (hex, first 16 digits) over every file in ``cuda_src/`` (names and contents)."""
+    """SHA-256 (hex, first 16 digits) over every source file below ``cuda_src/`` (paths
+    relative to it, and contents)."""
     h = hashlib.sha256()
     d = cuda_source_dir()
-    for p in sorted(d.iterdir()):
-        if p.is_file() and p.suffix in (".cu", ".cuh"):
-            h.update(p.name.encode())
-            h.update(b"\0")
-            h.update(p.read_bytes())
+    for p in _source_files(d):
+        h.update(p.relative_to(d).as_posix().encode())
+        h.update(b"\0")
+        h.update(p.read_bytes())
     return h.hexdigest()[:16]
+
+
+def _source_files(d: pathlib.Path) -> list:
+    """The kernel sources below ``d``: ``common.cuh`` and ``kv_cache.cu`` at the top, the
+    concepts every architecture shares in ``attn/``, one folder per architecture path
+    (``sm80/``), sorted."""
+    return sorted(p for p in d.rglob("*") if p.is_file() and p.suffix in (".cu", ".cuh"))

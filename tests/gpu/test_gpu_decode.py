@@ -1,4 +1,4 @@
-"""GPU tests of the decode path (cuda_src/flash_decode.cu, kv_cache.cu, _cuda/decode.py) against
+"""GPU tests of the decode path (cuda_src/sm80/flash_decode.cu, kv_cache.cu, _cuda/decode.py) against
 the float64 NumPy reference, with flash-attn's bound (max|out - ref64| <= 2 * naive + eps).
 Outputs are NaN-poisoned before the launch; caches after an append are compared EXACTLY with
 the generic NumPy rotary + append of the same call."""

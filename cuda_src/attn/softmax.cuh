@@ -13,7 +13,7 @@
 // rescalings).  finalize only has to tell that apart from an empty row: l == 0 exactly iff the
 // row saw no visible key (a visible finite max contributes exp2(0) = 1), NaN iff a score was.
 #pragma once
-#include "common.cuh"
+#include "../common.cuh"
 
 namespace fa {
 

@@ -26,7 +26,8 @@
 // Masks, softcap, ALiBi and paged addressing are run-time switches (uniform branches): the
 // kernel waits on memory, and one instantiation per (dtype, head-dim bucket) keeps CI's compile
 // time small.
-#include "block_info.cuh"
+#include "../attn/block_info.cuh"
+#include "mma.cuh"
 
 namespace fa {
 

@@ -4,7 +4,7 @@
 // (zero-filled loads, skipped stores), so no kernel per size is needed.  Each specialization
 // says why it was chosen; measurements are in benchmarks/NOTES.md.
 #pragma once
-#include "common.cuh"
+#include "../common.cuh"
 
 namespace fa {
 

@@ -3,7 +3,7 @@
 // compile.PARAMS (one packed argument struct per launch, see _cuda/packing.py); the field
 // order there is the order here.
 #pragma once
-#include "common.cuh"
+#include "../common.cuh"
 
 namespace fa {
 
