@@ -112,6 +112,29 @@ class _Call:
             buf = self._lse_scratch[key] = xp.empty((self.H, rows), dtype=np.float32)
         return buf
 
+    def _run_token_rows(self, q, k, v, out, lse, k_rows, **arrays):
+        """(DenseCall, KVCacheCall.)  Run with q and out of shape ``q_shape`` (B, Sq, H, D) as
+        (B * Sq, H, D) token rows,
+        and k/v reshaped to ``k_rows`` (None: as given); returns the output in ``q_shape``
+        (``out`` itself when given).  Once the plan reads the caller's arrays directly
+        (``pointers_only``) no view is made: the kernels only take their addresses."""
+        xp = self.xp
+        if self.pointers_only:
+            result = xp.empty(self.q_shape, dtype=q.dtype) if out is None else out
+            self._run(q=q, k=k, v=v, out=result, softmax_lse=lse, **arrays)
+            return result
+        out_rows = (xp.empty(self.q_rows, dtype=q.dtype) if out is None
+                    else out.reshape(self.q_rows))
+        if k_rows is not None:
+            k, v = k.reshape(k_rows), v.reshape(k_rows)
+        self._run(q=q.reshape(self.q_rows), k=k, v=v, out=out_rows, softmax_lse=lse, **arrays)
+        return out if out is not None else out_rows.reshape(self.q_shape)
+
+    def _lse_per_batch(self, lse):
+        """The kernels' (H, B * Sq) LSE as flash-attn's (B, H, Sq)."""
+        B, Sq = self.q_shape[0], self.q_shape[1]
+        return self.xp.ascontiguousarray(lse.reshape(self.H, B, Sq).transpose(1, 0, 2))
+
     def _alibi(self, slopes):
         if slopes is None:
             return None
@@ -149,24 +172,13 @@ class DenseCall(_Call):
         self.k_rows = (k_shape[0] * k_shape[1],) + tuple(k_shape[2:])
 
     def execute(self, q, k, v, alibi_slopes, out):
-        xp = self.xp
         keep_lse = self.return_lse or self.attn_probs
         lse = self._lse_buffer(self.q_rows[0], keep_lse)
-        if self.pointers_only:
-            result = xp.empty(self.q_shape, dtype=q.dtype) if out is None else out
-            self._run(q=q, k=k, v=v, out=result, softmax_lse=lse,
-                      alibi_slopes=self._alibi(alibi_slopes))
-        else:
-            q_rows = q.reshape(self.q_rows)
-            out_rows = (xp.empty(self.q_rows, dtype=q.dtype) if out is None
-                        else out.reshape(self.q_rows))
-            self._run(q=q_rows, k=k.reshape(self.k_rows), v=v.reshape(self.k_rows), out=out_rows,
-                      softmax_lse=lse, alibi_slopes=self._alibi(alibi_slopes))
-            result = out if out is not None else out_rows.reshape(self.q_shape)
+        result = self._run_token_rows(q, k, v, out, lse, self.k_rows,
+                                      alibi_slopes=self._alibi(alibi_slopes))
         if not keep_lse:
             return result
-        B, Sq = self.q_shape[0], self.q_shape[1]
-        lse = xp.ascontiguousarray(lse.reshape(self.H, B, Sq).transpose(1, 0, 2))
+        lse = self._lse_per_batch(lse)
         return (result, lse, None) if self.attn_probs else (result, lse)
 
 
@@ -218,7 +230,6 @@ class KVCacheCall(_Call):
 
     def execute(self, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                 cache_batch_idx, cache_leftpad, block_table, alibi_slopes, out):
-        xp = self.xp
         seqlens = self.seqlens if self.seqlens is not None else cache_seqlens
         if k is not None and not self.no_keys:
             q = rotary_ops.rotate_and_append(
@@ -228,21 +239,8 @@ class KVCacheCall(_Call):
                 plans=self.rope_plans,
             )
         lse = self._lse_buffer(self.q_rows[0], self.return_lse)
-        lens = dict(seqused_k=seqlens, cache_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad,
-                    block_table=block_table, alibi_slopes=self._alibi(alibi_slopes))
-        if self.pointers_only:
-            result = xp.empty(self.q_shape, dtype=q.dtype) if out is None else out
-            self._run(q=q, k=k_cache, v=v_cache, out=result, softmax_lse=lse, **lens)
-        else:
-            out_rows = (xp.empty(self.q_rows, dtype=q.dtype) if out is None
-                        else out.reshape(self.q_rows))
-            if self.paged:
-                kc, vc = k_cache, v_cache
-            else:
-                kc, vc = k_cache.reshape(self.k_cache_rows), v_cache.reshape(self.k_cache_rows)
-            self._run(q=q.reshape(self.q_rows), k=kc, v=vc, out=out_rows, softmax_lse=lse, **lens)
-            result = out if out is not None else out_rows.reshape(self.q_shape)
-        if not self.return_lse:
-            return result
-        B, Sq = self.q_shape[0], self.q_shape[1]
-        return result, xp.ascontiguousarray(lse.reshape(self.H, B, Sq).transpose(1, 0, 2))
+        result = self._run_token_rows(
+            q, k_cache, v_cache, out, lse, self.k_cache_rows, seqused_k=seqlens,
+            cache_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad, block_table=block_table,
+            alibi_slopes=self._alibi(alibi_slopes))
+        return (result, self._lse_per_batch(lse)) if self.return_lse else result

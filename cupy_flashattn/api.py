@@ -100,11 +100,6 @@ def _full_check(xp, check) -> bool:
     return _default_check() if check is None else bool(check)
 
 
-def _tokens(a, rows: int):
-    """View ``(B, S, ...)`` as ``(B*S, ...)`` (a copy only when the batch stride forbids a view)."""
-    return a.reshape((rows,) + tuple(a.shape[2:]))
-
-
 def _common_checks(q, k, v, dropout_p, softmax_scale, window_size, softcap):
     """Checks shared by all entry points; returns (xp, q, k, v) with foreign GPU arrays adopted."""
     q, k, v = adopt(q), adopt(k), adopt(v)
@@ -667,10 +662,11 @@ def _kvcache_from_cache(cache, q, v_cache, k, v, rotary_cos, rotary_sin, cache_s
                         cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
                         window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
                         return_softmax_lse, page_block_size, seq_ids, out, check):
-    """flash_attn_with_kvcache on a PagedKVCache: validate the whole call first (against the
-    cache's pools, tables and lengths), then append through the cache (which allocates pages
-    and raises CacheExhaustedError before changing anything), then attend over its tables and
-    lengths.  A call that raises leaves the cache exactly as it was."""
+    """flash_attn_with_kvcache on a PagedKVCache: reserve pages for the new tokens
+    (CacheExhaustedError before anything changes), then run the ordinary paged call -- fully
+    validated before it writes, and served from the call cache when repeated -- over one upload
+    of the table and the lengths before the append.  If that call raises, the pages go back and
+    the lengths do not move: a call that raises leaves the cache exactly as it was."""
     _refuse_what_the_cache_supplies("k_cache", v_cache=v_cache, cache_seqlens=cache_seqlens,
                                     block_table=block_table, cache_batch_idx=cache_batch_idx,
                                     cache_leftpad=cache_leftpad)
@@ -691,22 +687,13 @@ def _kvcache_from_cache(cache, q, v_cache, k, v, rotary_cos, rotary_sin, cache_s
     # the step below is an ordinary paged flash_attn_with_kvcache call -- validated in full
     # before it writes, then served from the call cache like any other -- over one upload of
     # the table and the lengths before the append.  If that call raises, the pages go back.
-    added = None
     if k is not None:
         validate.rank("k", k, 4, "(batch, seqlen_new, nheads_k, headdim)")
-        added = cache._reserve(seqs, np.full(B, int(k.shape[1]), dtype=np.int64))
-    try:
+    new_tokens = np.full(B, 0 if k is None else int(k.shape[1]), dtype=np.int64)
+    with cache._growing(seqs, new_tokens):
         table, before = cache._step_tables(seqs)
-        result = _with_kvcache_arrays(
+        return _with_kvcache_arrays(
             q, cache.k_pages, cache.v_pages, k, v, rotary_cos, rotary_sin, before, None, None,
             table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes,
             num_splits, return_softmax_lse, None, out, check,
             cache_names=("cache.k_pages", "cache.v_pages"))
-    except BaseException:
-        if added is not None:
-            cache._release(seqs, added)
-        raise
-    if k is not None:
-        for seq in seqs:
-            seq.length += int(k.shape[1])
-    return result

@@ -8,6 +8,7 @@ on the device, and each ``append`` writes it with one vectorized scatter per poo
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 from dataclasses import dataclass, field
 
@@ -39,6 +40,13 @@ class _Sequence:
 
     pages: list[int] = field(default_factory=list)
     length: int = 0
+
+
+def _fill_table(table: np.ndarray, seqs) -> None:
+    """Row b of a zeroed host ``table`` (at least as wide as the longest sequence) gets the
+    pages of ``seqs[b]`` in logical order; the rest stays 0 (a valid page id)."""
+    for row, seq in zip(table, seqs):
+        row[: len(seq.pages)] = seq.pages
 
 
 def _shape(a) -> str:
@@ -282,8 +290,7 @@ class PagedKVCache:
         again after ``append``/``free``."""
         seqs = self._sequences(self.seq_ids if seq_ids is None else seq_ids)
         table = np.zeros((len(seqs), self._max_blocks_per_seq), dtype=np.int32)
-        for row, seq in zip(table, seqs):
-            row[: len(seq.pages)] = seq.pages
+        _fill_table(table, seqs)
         return self._xp.asarray(table)
 
     def seqlens(self, seq_ids=None):
@@ -306,9 +313,7 @@ class PagedKVCache:
         followed by the int32 values ``tail`` (a call pays one transfer, not one per array)."""
         batch, width = len(seqs), self._table_width(seqs)
         host = np.zeros(batch * width + len(tail), dtype=np.int32)
-        table = host[: batch * width].reshape(batch, width)
-        for row, seq in zip(table, seqs):
-            row[: len(seq.pages)] = seq.pages
+        _fill_table(host[: batch * width].reshape(batch, width), seqs)
         host[batch * width :] = tail
         dev = self._xp.asarray(host)
         return dev[: batch * width].reshape(batch, width), dev[batch * width :]
@@ -335,6 +340,23 @@ class PagedKVCache:
         ``seq_ids`` (default: all active sequences) -- what a CUDA-graph loop captures.  See
         :class:`DecodeSteps`."""
         return DecodeSteps(self, self.seq_ids if seq_ids is None else seq_ids, new_tokens)
+
+    @contextlib.contextmanager
+    def _growing(self, seqs, counts):
+        """The one transaction by which sequences grow: pages for ``counts`` more tokens are
+        reserved (``CacheExhaustedError`` before anything changes), the body writes the tokens
+        (or launches what writes them), and only when it returns do the lengths move.  If it
+        raises, the pages go back and the cache is as it was; whatever was written landed in
+        free pages or past a sequence's length, where nothing reads it.  Yields the pages each
+        sequence received."""
+        added = self._reserve(seqs, counts)
+        try:
+            yield added
+        except BaseException:
+            self._release(seqs, added)
+            raise
+        for seq, n in zip(seqs, counts):
+            seq.length += int(n)
 
     def _release(self, seqs, added) -> None:
         """Undo :meth:`_reserve` (``added``: what it returned)."""
@@ -366,17 +388,8 @@ class PagedKVCache:
         for name, pool in (("cache.k_pages", self.k_pages), ("cache.v_pages", self.v_pages)):
             writable(name, pool, f"make the pool writeable again ({name}.flags.writeable = True, "
                                  "or copy it) before appending")
-        added = self._reserve(seqs, counts)  # raises before anything changes
-        try:
+        with self._growing(seqs, counts):
             self._scatter(seqs, counts, k_new, v_new)
-        except BaseException:
-            # Give the pages back so a failed write (e.g. no device memory for the index
-            # arrays) leaves the bookkeeping as it was.  Whatever was written landed in free
-            # pages or past a sequence's length, where nothing reads it.
-            self._release(seqs, added)
-            raise
-        for seq, n in zip(seqs, counts):
-            seq.length += int(n)
 
     def _new_token_counts(self, k_new, v_new, cu_seqlens, batch: int) -> np.ndarray:
         """Validate k_new/v_new (and cu_seqlens); return the int64 ``(B,)`` new-token counts."""
@@ -488,8 +501,7 @@ class PagedKVCache:
 
             width = max(len(s.pages) for s in seqs)
             table = np.zeros((len(seqs), width), dtype=np.int32)
-            for row, seq in zip(table, seqs):
-                row[: len(seq.pages)] = seq.pages
+            _fill_table(table, seqs)
             lengths = np.array([s.length for s in seqs], dtype=np.int32)
             append_kv_paged(self.k_pages, self.v_pages, self._xp.asarray(table), k_new, v_new,
                             self._xp.asarray(lengths))
@@ -509,8 +521,7 @@ class PagedKVCache:
         lengths = np.array([s.length for s in seqs], dtype=np.int64)
         width = max(len(s.pages) for s in seqs)
         table = np.zeros((batch, width), dtype=np.int64)
-        for row, seq in zip(table, seqs):
-            row[: len(seq.pages)] = seq.pages
+        _fill_table(table, seqs)
         seq_of_token = np.repeat(np.arange(batch), counts)
         starts = np.cumsum(counts) - counts  # first packed row of each sequence
         pos = lengths[seq_of_token] + (np.arange(seq_of_token.size) - starts[seq_of_token])
@@ -601,25 +612,17 @@ class DecodeSteps:
         cache = self.cache
         seqs = cache._sequences(self.seq_ids)  # a freed sequence raises here
         batch, width = len(seqs), cache.max_blocks_per_seq
-        added = cache._reserve(seqs, np.full(batch, self.new_tokens, dtype=np.int64))
-        try:
+        with cache._growing(seqs, np.full(batch, self.new_tokens, dtype=np.int64)) as added:
             host = self._host
             host[:] = 0
-            table = host[: batch * width].reshape(batch, width)
-            for row, seq in zip(table, seqs):
-                row[: len(seq.pages)] = seq.pages
-            host[batch * width :] = [seq.length for seq in seqs]
+            _fill_table(host[: batch * width].reshape(batch, width), seqs)
+            host[batch * width :] = [seq.length for seq in seqs]  # before the step
             if cache.xp is np:
                 self._device[...] = host
             else:
                 # Pageable host memory: the driver stages the bytes before set() returns, so
                 # the host buffer may be rewritten by the next advance() at once.
                 self._device.set(host)
-        except BaseException:
-            cache._release(seqs, added)
-            raise
-        for seq in seqs:
-            seq.length += self.new_tokens
         self._last = (seqs, added)
         return self
 

@@ -77,15 +77,14 @@ def describe_launches(problem, sm_count=None) -> tuple:
     ``smem`` (bytes) and, for decode, ``splits`` and the query-length range it serves.  Plan
     tests (``tests/test_plan.py``) and debugging read it; the plans compute the same values
     through the same functions."""
-    from .decode import DECODE_THREADS, plan as decode_plan, smem_bytes as decode_smem
+    from .decode import DECODE_THREADS, decode_grid, plan as decode_plan, smem_bytes as decode_smem
     from .launch import prefill_grid
 
     kind, limit = route(problem)
     out = []
     if kind in ("decode", "mixed"):
         key, m_blocks, splits = decode_plan(problem, len_q_max=limit, sm_count=sm_count)
-        out.append(dict(kernel=key.name, grid=(splits * m_blocks, problem.num_heads_k,
-                                                int(problem.batch_size)),
+        out.append(dict(kernel=key.name, grid=decode_grid(problem, m_blocks, splits),
                         block=(DECODE_THREADS,), smem=decode_smem(key.head_dim), splits=splits,
                         len_q=(1, limit) if limit is not None else (1, None)))
     if kind in ("prefill", "mixed"):

@@ -16,6 +16,12 @@ def bf16_dtype() -> np.dtype:
     return np.dtype(ml_dtypes.bfloat16)
 
 
+def compute_dtype(kernel_tag: str) -> np.dtype:
+    """The operand dtype of a kernel element type ("f16" / "bf16"): what q/k/v/out are cast
+    to when the caller's arrays are of another dtype (float32 runs on bf16 kernels)."""
+    return np.dtype(np.float16) if kernel_tag == "f16" else bf16_dtype()
+
+
 def aligned(a) -> bool:
     """Last dim contiguous, other strides multiples of 16 bytes, base 16-byte aligned (what
     cp.async and the 16-byte vector stores need)."""
@@ -56,7 +62,8 @@ PROBLEM_POINTERS = (
 
 
 def problem_pointers(p) -> dict:
-    """FwdParams pointer field -> the problem's array (for :meth:`ArgPack.bind`)."""
+    """FwdParams pointer field -> the problem's array (what a replayed launch rebinds:
+    ``launcher.Launch``)."""
     return {field: getattr(p, attr) for field, attr in PROBLEM_POINTERS}
 
 

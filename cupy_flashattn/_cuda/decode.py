@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..problem import AttentionProblem
-from .args import INT_MAX, Operands, problem_pointers
+from .args import INT_MAX, Operands, compute_dtype, problem_pointers
 from .args import bf16_dtype as _bf16
 from .args import elem_stride as _es
 from .compile import PARAMS, bucket_for, kernel_dtype_tag, load_function
@@ -311,6 +311,12 @@ def plan(problem: AttentionProblem, len_q_max=None, sm_count=None):
     return key, m_blocks, splits
 
 
+def decode_grid(problem: AttentionProblem, m_blocks: int, splits: int) -> tuple:
+    """(splits x packed 16-row tiles, kv heads, batch): one CTA per tile of the packed
+    (query, head) rows of one kv head of one sequence, per key split."""
+    return (splits * m_blocks, problem.num_heads_k, int(problem.batch_size))
+
+
 class DecodePlan:
     """Host-side decisions of one decode launch (kernel, split count, grid, packed arguments),
     made once per problem shape: :meth:`run` then only allocates the split workspace, rebinds
@@ -321,11 +327,11 @@ class DecodePlan:
     def __init__(self, problem: AttentionProblem, len_q_max=None):
         p = problem
         self.key, self.m_blocks, self.splits = plan(p, len_q_max)
-        self.compute_dtype = np.dtype(np.float16) if self.key.dtype == "f16" else _bf16()
+        self.compute_dtype = compute_dtype(self.key.dtype)
         self.kernel = _decode_kernel(self.key)
         self.smem = smem_bytes(self.key.head_dim)
         self.len_q_max = INT_MAX if len_q_max is None else int(len_q_max)
-        self.grid = (self.splits * self.m_blocks, p.num_heads_k, int(p.batch_size))
+        self.grid = decode_grid(p, self.m_blocks, self.splits)
         self.empty = not (p.total_q > 0 and p.batch_size > 0 and p.max_seqlen_q > 0)
         d8 = -(-p.head_dim // 8) * 8
         H, total_q = p.num_heads, p.total_q

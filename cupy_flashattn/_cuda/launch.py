@@ -22,9 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..problem import AttentionProblem
-from .args import Operands, problem_pointers
+from .args import Operands, compute_dtype, problem_pointers
 from .args import aligned as _aligned
-from .args import bf16_dtype as _bf16
 from .compile import FWD_ARGS, KernelKey, bucket_for, get_kernel, kernel_dtype_tag, traits
 from .launcher import Launch, launch_packed
 
@@ -89,7 +88,7 @@ class PrefillPlan:
         p = problem
         key = select_kernel(p)
         tr = traits(key.head_dim)
-        self.compute_dtype = np.dtype(np.float16) if key.dtype == "f16" else _bf16()
+        self.compute_dtype = compute_dtype(key.dtype)
         self.len_q_min = len_q_min
         self.grid = prefill_grid(p, tr)
         self.block = (tr.num_threads,)

@@ -53,7 +53,7 @@ class Launch:
         self.dims = grid + block
         self.smem = int(smem)
         self.function_ptr = kernel.kernel.ptr  # cupy.cuda.function.Function of this device
-        self.pointer_words = pack.pointer_words
+        self.pack = pack
         self.template_words = template.view(np.uint64)
         self._local = threading.local()
         if _LAUNCH_KERNEL is None:
@@ -70,11 +70,11 @@ class Launch:
 
     def __call__(self, pointers: dict) -> None:
         """Launch on the current stream with the pointer fields in ``pointers`` (name -> CuPy
-        array or None); fields not named keep the template's value."""
+        array or None).  Name every pointer field: one left out keeps what this thread's
+        previous launch wrote (the buffer is reused), which is the template's value only on
+        the first launch."""
         words, _params, params_ptr = self._buffers()
-        pw = self.pointer_words
-        for name, a in pointers.items():
-            words[pw[name]] = 0 if a is None else a.data.ptr
+        self.pack.write_pointers(words, pointers)
         gx, gy, gz, bx, by, bz = self.dims
         _LAUNCH_KERNEL(self.function_ptr, gx, gy, gz, bx, by, bz, self.smem,
                        _CURRENT_STREAM().ptr, params_ptr, 0)

@@ -11,7 +11,8 @@ compile time (``static_assert(sizeof(...) == ...)``; NVRTC has no ``offsetof``),
 fails in NVRTC -- on the CPU, in CI -- rather than as wrong values on the GPU.
 
 A launch plan keeps a filled template (all scalars) and the byte offsets of its pointer fields;
-a call copies the template and writes the pointers of its own arrays (:meth:`ArgPack.bind`).
+a call writes the pointers of its own arrays into its copy of the template
+(:meth:`ArgPack.write_pointers`, from ``launcher.Launch``).
 """
 
 from __future__ import annotations
@@ -80,15 +81,13 @@ class ArgPack:
                 buf[name] = value
         return buf.view(np.uint64).copy().view(self.void)
 
-    def bind(self, template: np.ndarray, pointers: dict) -> np.ndarray:
-        """A copy of ``template`` (from :meth:`new`) with the pointer fields in ``pointers``
-        replaced (about 1 µs; a fresh copy, so concurrent calls never share a buffer)."""
-        buf = template.copy()
-        words = buf.view(np.uint64)
+    def write_pointers(self, words: np.ndarray, pointers: dict) -> None:
+        """Write the pointer fields in ``pointers`` (name -> CuPy array or None) into ``words``,
+        a packed struct viewed as uint64 words (``packed.view(np.uint64)``).  The one place a
+        rebind happens: a replayed launch (``launcher.Launch``) calls it on its buffer."""
         pw = self.pointer_words
         for name, value in pointers.items():
             words[pw[name]] = 0 if value is None else value.data.ptr
-        return buf
 
     def read(self, packed: np.ndarray) -> np.void:
         """The fields of a packed (1,)-array, by name (tests and debugging)."""
