@@ -96,3 +96,32 @@ def rotary_ref(x, cos, sin, positions, interleaved):
         out[..., : rd // 2] = x1 * c - x2 * s
         out[..., rd // 2 : rd] = x1 * s + x2 * c
     return out
+
+
+def raises_explained(cls, *fragments, absent=(), expected_and_got=False):
+    """Context manager: raises ``cls``, a typed FlashAttnError that is also a ValueError or
+    TypeError, whose message contains every fragment, none of ``absent``, and a fix (and, with
+    ``expected_and_got``, the expected and the given values)."""
+    from cupy_flashattn import errors
+
+    class _Ctx:
+        def __enter__(self):
+            self.ctx = pytest.raises(cls)
+            self.info = self.ctx.__enter__()
+            return self.info
+
+        def __exit__(self, *exc):
+            handled = self.ctx.__exit__(*exc)
+            message = str(self.info.value)
+            for fragment in fragments:
+                assert fragment in message, f"{fragment!r} not in {message!r}"
+            for fragment in absent:
+                assert fragment not in message, f"{fragment!r} in {message!r}"
+            assert "Fix:" in message, message
+            if expected_and_got:
+                assert "expected" in message and "got" in message, message
+            assert isinstance(self.info.value, errors.FlashAttnError)
+            assert isinstance(self.info.value, (ValueError, TypeError))
+            return handled
+
+    return _Ctx()

@@ -16,6 +16,7 @@ import pytest
 
 import cupy_flashattn as fa
 from cupy_flashattn import _backend_cpu, errors, validate
+from helpers import raises_explained
 
 rng = np.random.default_rng(0)
 
@@ -39,27 +40,9 @@ def no_work(monkeypatch):
 
 
 def typed(cls, *fragments, absent=()):
-    """pytest.raises(cls) whose message has every fragment, none of ``absent``, and a fix."""
-
-    class _Ctx:
-        def __enter__(self):
-            self.ctx = pytest.raises(cls)
-            self.info = self.ctx.__enter__()
-            return self.info
-
-        def __exit__(self, *exc):
-            handled = self.ctx.__exit__(*exc)
-            message = str(self.info.value)
-            for fragment in fragments:
-                assert fragment in message, f"{fragment!r} not in {message!r}"
-            for fragment in absent:
-                assert fragment not in message, f"{fragment!r} in {message!r}"
-            assert "Fix:" in message and "expected" in message and "got" in message, message
-            assert isinstance(self.info.value, errors.FlashAttnError)
-            assert isinstance(self.info.value, (ValueError, TypeError))
-            return handled
-
-    return _Ctx()
+    """pytest.raises(cls) whose message has every fragment, none of ``absent``, a fix, and the
+    expected and given values (helpers.py)."""
+    return raises_explained(cls, *fragments, absent=absent, expected_and_got=True)
 
 
 # -- window_size ----------------------------------------------------------------------------

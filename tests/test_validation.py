@@ -7,6 +7,7 @@ import pytest
 
 import cupy_flashattn as fa
 from cupy_flashattn import errors
+from helpers import raises_explained
 
 rng = np.random.default_rng(0)
 
@@ -31,25 +32,8 @@ def paged(num_blocks=6, P=4, Hk=2, D=16, B=2, lens=(5, 7), H=4):
 
 
 def raises(cls, *fragments):
-    """Context manager: raises ``cls`` and its message contains every fragment and a fix."""
-
-    class _Ctx:
-        def __enter__(self):
-            self.ctx = pytest.raises(cls)
-            self.info = self.ctx.__enter__()
-            return self.info
-
-        def __exit__(self, *exc):
-            handled = self.ctx.__exit__(*exc)
-            message = str(self.info.value)
-            for fragment in fragments:
-                assert fragment in message, f"{fragment!r} not in {message!r}"
-            assert "Fix:" in message, message
-            assert isinstance(self.info.value, (ValueError, TypeError))
-            assert isinstance(self.info.value, errors.FlashAttnError)
-            return handled
-
-    return _Ctx()
+    """Raises ``cls`` and its message contains every fragment and a fix (helpers.py)."""
+    return raises_explained(cls, *fragments)
 
 
 # -- the seed: page size drift -----------------------------------------------------------------

@@ -37,12 +37,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ml_dtypes  # noqa: E402
 
 import cupy_flashattn as fa  # noqa: E402
+from cupy_flashattn.accuracy import error_bound  # noqa: E402
 from cupy_flashattn.reference import attention_ref  # noqa: E402
+
+# The tests' input helpers (random inputs, scattered pages): one home for both.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "tests"))
+from helpers import randn, scatter_into_pages  # noqa: E402
 from cupy_flashattn.rotary import apply_rotary  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
-EPS = {F16: 2e-3, BF16: 1.6e-2}
 xp = None  # cupy, or numpy with --cpu
 
 
@@ -52,10 +57,6 @@ def host(a):
 
 def dev(a):
     return None if a is None else xp.asarray(a)
-
-
-def randn(rng, shape, dt):
-    return rng.standard_normal(shape).astype(np.float32).astype(dt)
 
 
 def poisoned(shape, dt):
@@ -74,28 +75,16 @@ def check(what, out, q, k, v, dt, **kw):
     ref = attention_ref(q, k, v, **kw)
     naive = attention_ref(q, k, v, upcast=False, **kw).astype(np.float64)
     err = float(np.abs(out - ref).max(initial=0.0))
-    bound = 2 * float(np.abs(naive - ref).max(initial=0.0)) + EPS[dt]
+    bound = error_bound(np.abs(naive - ref).max(initial=0.0), dt)
     if not err <= bound:
         raise Failure(f"{what}: max error {err:.3g} > bound {bound:.3g}")
     return err
 
 
-def scatter(rng, keys, values, P, dt, spare=2):
-    """Pages of P rows holding each sequence's keys in a random page order, plus junk pages;
-    returns (k_pages, v_pages, table)."""
-    Hk, D = keys[0].shape[1:]
-    counts = [max(1, -(-len(k) // P)) for k in keys]
-    perm = rng.permutation(sum(counts) + spare).astype(np.int32)
-    kp, vp = randn(rng, (len(perm), P, Hk, D), dt), randn(rng, (len(perm), P, Hk, D), dt)
-    table = np.zeros((len(keys), max(counts)), np.int32)
-    nxt = 0
-    for b, (k, v) in enumerate(zip(keys, values)):
-        table[b, : counts[b]] = perm[nxt : nxt + counts[b]]
-        nxt += counts[b]
-        pos = np.arange(len(k))
-        kp[table[b, pos // P], pos % P] = k
-        vp[table[b, pos // P], pos % P] = v
-    return kp, vp, table
+def scatter(rng, keys, values, P, dt):
+    """Pages of P rows holding each sequence's keys in a random page order, plus junk pages
+    (the tests' helper); returns (k_pages, v_pages, table)."""
+    return scatter_into_pages(rng, keys, values, P, dt, spare_blocks=2, min_pages=1)
 
 
 def logits(rng, mode, H):
