@@ -426,8 +426,9 @@ def smoke():
         kn = cupy.asarray(rng.standard_normal((B, Sq, Hk, D)).astype(np.float16))
         vn = cupy.asarray(rng.standard_normal((B, Sq, Hk, D)).astype(np.float16))
         lens = cupy.asarray(np.array([0, 50, 100 - Sq], np.int32))
-        cos = cupy.asarray(np.cos(rng.uniform(0, 6, (cap, 16))).astype(np.float32))
-        sin = cupy.asarray(np.sin(rng.uniform(0, 6, (cap, 16))).astype(np.float32))
+        ro_rows = -(-cap // P) * P if P else cap  # a row per cache position (flash-attn's rule)
+        cos = cupy.asarray(np.cos(rng.uniform(0, 6, (ro_rows, 16))).astype(np.float32))
+        sin = cupy.asarray(np.sin(rng.uniform(0, 6, (ro_rows, 16))).astype(np.float32))
         if P:
             mb = -(-cap // P)
             table = cupy.asarray(rng.permutation(B * mb).reshape(B, mb).astype(np.int32))

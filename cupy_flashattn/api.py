@@ -466,7 +466,9 @@ def flash_attn_with_kvcache(
         rotary_cos, rotary_sin: ``(seqlen_ro, rotary_dim / 2)``; rotate q and the new k at their
             absolute cache positions (q: ``cache_seqlens[b] + i`` when causal/local, else
             ``cache_seqlens[b]``).  ``rotary_interleaved`` pairs dims (0,1),(2,3)... when True,
-            (i, i + rotary_dim/2) when False.
+            (i, i + rotary_dim/2) when False.  ``seqlen_ro`` must cover the cache's capacity
+            (``k_cache.shape[1]``, or ``block_table.shape[1] * page_block_size``), as in
+            flash-attn; with a PagedKVCache, the longest sequence after the append.
         cache_seqlens: int or int32 ``(B,)``: current cache lengths (before appending).
         cache_batch_idx: int32 ``(B,)``: which cache row each sequence uses (contiguous cache).
         cache_leftpad: int32 ``(B,)``: keys start at this cache index (contiguous cache).
@@ -509,9 +511,10 @@ def _with_kvcache_arrays(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cach
                          cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
                          window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
                          return_softmax_lse, page_block_size, out, check,
-                         cache_names=("k_cache", "v_cache")):
+                         cache_names=("k_cache", "v_cache"), rotary_covers_capacity=True):
     """flash_attn_with_kvcache on arrays: the call cache, else full validation first.
-    ``cache_names``: how errors name the caches (a PagedKVCache's pools)."""
+    ``cache_names``: how errors name the caches (a PagedKVCache's pools).
+    ``rotary_covers_capacity``: see _prepare_kvcache."""
     # cache_seqlens: an int is part of the signature's scalars, an array of its arrays.
     lens_int = cache_seqlens if isinstance(cache_seqlens, (int, np.integer)) else None
     lens_array = None if lens_int is not None else cache_seqlens
@@ -519,7 +522,7 @@ def _with_kvcache_arrays(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cach
         (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lens_array, cache_batch_idx,
          cache_leftpad, block_table, alibi_slopes, out),
         (lens_int, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits,
-         return_softmax_lse, page_block_size, check, _default_check()),
+         return_softmax_lse, page_block_size, check, _default_check(), rotary_covers_capacity),
     )
     call = CALLS.get(key) if key is not None else None
     if call is None:
@@ -532,7 +535,7 @@ def _with_kvcache_arrays(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cach
             lens_int if lens_int is not None else lens_array, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved,
             alibi_slopes, num_splits, return_softmax_lse, page_block_size, out, check,
-            cache_names=cache_names,
+            cache_names=cache_names, rotary_covers_capacity=rotary_covers_capacity,
         )
         if key is not None:
             CALLS.put(key, call)
@@ -544,10 +547,16 @@ def _prepare_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
                      cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
                      window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
                      return_softmax_lse, page_block_size, out, check,
-                     cache_names=("k_cache", "v_cache")) -> KVCacheCall:
+                     cache_names=("k_cache", "v_cache"),
+                     rotary_covers_capacity=True) -> KVCacheCall:
     """Every check of flash_attn_with_kvcache -- the new k/v, rotary tables, ALiBi slopes and
     ``out`` included -- BEFORE anything is appended: a call that raises leaves the cache as it
-    was.  Lowered to a KVCacheCall, whose execute() appends and attends."""
+    was.  Lowered to a KVCacheCall, whose execute() appends and attends.
+
+    ``rotary_covers_capacity``: the rotary tables must have a row for every position of the
+    cache (flash-attn's rule, "cos/sin seqlen must be at least the seqlen of KV cache"): a
+    shape check, so it holds on the GPU without reading cache_seqlens.  A PagedKVCache passes
+    False and checks its host-side lengths instead -- its capacity is a private bucket."""
     xp, q, k_cache, v_cache = _common_checks(q, k_cache, v_cache, 0.0, softmax_scale, window_size,
                                              softcap)
     validate.num_splits(num_splits)
@@ -620,7 +629,8 @@ def _prepare_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
         if cache_leftpad is not None:
             validate.index_array("cache_leftpad", cache_leftpad, xp, 1, length=B)
     seqlens = _cache_seqlens(cache_seqlens, xp, B, capacity)
-    validate.rotary(rotary_cos, rotary_sin, xp, D, None)
+    validate.rotary(rotary_cos, rotary_sin, xp, D,
+                    capacity if rotary_covers_capacity and rotary_cos is not None else None)
     left, right = _mask(causal, window_size)
     _check_output(xp, q, out, (B * Sq, H, D))
     logits = _logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, B, H)
@@ -690,10 +700,14 @@ def _kvcache_from_cache(cache, q, v_cache, k, v, rotary_cos, rotary_sin, cache_s
     if k is not None:
         validate.rank("k", k, 4, "(batch, seqlen_new, nheads_k, headdim)")
     new_tokens = np.full(B, 0 if k is None else int(k.shape[1]), dtype=np.int64)
+    if rotary_cos is not None and hasattr(rotary_cos, "shape"):
+        # The lengths are on the host: the tables must reach the last new position.
+        validate.rotary_covers(rotary_cos, max((s.length + int(n) for s, n in
+                                                zip(seqs, new_tokens)), default=0))
     with cache._growing(seqs, new_tokens):
         table, before = cache._step_tables(seqs)
         return _with_kvcache_arrays(
             q, cache.k_pages, cache.v_pages, k, v, rotary_cos, rotary_sin, before, None, None,
             table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes,
             num_splits, return_softmax_lse, None, out, check,
-            cache_names=("cache.k_pages", "cache.v_pages"))
+            cache_names=("cache.k_pages", "cache.v_pages"), rotary_covers_capacity=False)

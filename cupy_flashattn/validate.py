@@ -595,7 +595,8 @@ def rotary(cos, sin, xp, head_dim: int, needed_positions: int | None):
             "give rotary_dim / 2 columns (one frequency per rotated pair)",
         )
     if needed_positions is not None:
-        rotary_covers(cos, needed_positions)
+        rotary_covers(cos, needed_positions, "has fewer rows (positions) than the cache has "
+                      "positions (flash-attn: cos/sin seqlen must be at least the seqlen of KV cache)")
     for name, a in (("rotary_cos", cos), ("rotary_sin", sin)):
         if np.dtype(a.dtype) not in CPU_DTYPES:
             raise explain(
@@ -604,11 +605,13 @@ def rotary(cos, sin, xp, head_dim: int, needed_positions: int | None):
             )
 
 
-def rotary_covers(cos, needed_positions: int):
-    """Host-side: the tables have a row for every position a new token will occupy."""
+def rotary_covers(cos, needed_positions: int,
+                  what: str = "has fewer rows (positions) than the new tokens occupy"):
+    """The tables have a row for each of ``needed_positions`` positions (the cache's, or the
+    last one a new token will occupy)."""
     if cos.shape[0] < needed_positions:
         raise explain(
-            ShapeError, "rotary_cos", "has fewer rows (positions) than the new tokens occupy",
+            ShapeError, "rotary_cos", what,
             f"seqlen_ro >= {needed_positions}", f"shape {_shape(cos)}",
             "build the tables for every position up to the cache capacity",
         )

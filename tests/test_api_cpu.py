@@ -164,7 +164,8 @@ def test_kvcache_append_rotary(paged, rotary, causal):
     if rotary is not None:
         frac, interleaved = rotary
         rd = int(D * frac)
-        angles = rng.uniform(0, 2 * np.pi, (S_cache, rd // 2))
+        # A row per cache position (flash-attn's rule); the paged table has spare columns.
+        angles = rng.uniform(0, 2 * np.pi, (2 * S_cache, rd // 2))
         cos, sin = np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
         kw.update(rotary_cos=cos, rotary_sin=sin, rotary_interleaved=interleaved)
     if paged:

@@ -213,7 +213,9 @@ def _run_kvcache(c, rng, slopes):
         kw.update(k=cp.asarray(k_new), v=cp.asarray(v_new))
         q_exp = q.copy()
         if c["rotary"]:
-            ang = rng.uniform(0, 2 * np.pi, (cap, c["rot_half"]))
+            # A row per position of the cache (flash-attn's rule): the paged table's whole width.
+            ro_rows = -(-cap // c["P"]) * c["P"] if paged else cap
+            ang = rng.uniform(0, 2 * np.pi, (ro_rows, c["rot_half"]))
             cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
             kw.update(rotary_cos=cp.asarray(cos), rotary_sin=cp.asarray(sin),
                       rotary_interleaved=c["interleaved"])
