@@ -13,6 +13,7 @@
 // and one float32 add/subtract, explicitly not fused (__fmul_rn/__fadd_rn), then one
 // round-to-nearest-even to the storage type.
 #include "common.cuh"
+#include "attn/paged.cuh"
 
 namespace fa {
 
@@ -78,11 +79,12 @@ __device__ void rope_append(const RopeAppendParams& p) {
       if ((unsigned)r >= (unsigned)p.dst_rows || pos >= p.dst_capacity) return;
       doff = r * p.dst_b + pos * p.dst_s + h * p.dst_h;
     } else {
-      const i64 col = pos / p.page_size;
-      if (col >= p.table_width) return;
-      const int page = p.table[(i64)b * p.table_stride + col];
-      if ((unsigned)page >= (unsigned)p.dst_rows) return;
-      doff = page * p.dst_b + (pos % p.page_size) * p.dst_s + h * p.dst_h;
+      if (pos >= (i64)p.table_width * p.page_size) return;  // past the block table
+      const PagedKeys pages(p.table + (i64)b * p.table_stride, p.page_size, p.dst_rows, p.dst_b,
+                            p.dst_s);
+      const i64 row_off = pages.row_offset((int)pos);  // pos < 2^31 here
+      if (row_off < 0) return;                           // absent page
+      doff = row_off + h * p.dst_h;
     }
   }
 

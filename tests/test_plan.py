@@ -39,7 +39,7 @@ def test_small_decode_runs_the_decode_kernel_split_to_fill_the_gpu():
     p = _problem(B=1, max_q=1, max_k=4096)
     assert route(p) == ("decode", None)
     (launch,) = describe_launches(p, sm_count=H100_SMS)
-    assert launch["kernel"] == "fa_decode_f16_d128"
+    assert launch["kernel"] == "fa_decode_f16_d128" and launch["arch"] == "sm80"
     # 1 packed 16-row tile x 8 kv heads x 1 sequence = 8 CTAs: split the 4096 keys.
     assert launch["splits"] == dc.num_splits_heuristic(8, 4096, H100_SMS, 2) > 1
     assert launch["grid"] == (launch["splits"], 8, 1)
@@ -58,7 +58,7 @@ def test_prefill_grid_block_and_shared_memory_come_from_the_tile_table():
     assert route(p) == ("prefill", None)
     (launch,) = describe_launches(p)
     tr = cc.traits(96)  # D = 80 runs in the 96 bucket; float32 on bf16 kernels
-    assert launch["kernel"] == "fa_fwd_bf16_d96"
+    assert launch["kernel"] == "fa_fwd_bf16_d96" and launch["arch"] == "sm80"
     assert launch["grid"] == (-(-1000 // tr.block_m), 16, 4)
     assert launch["block"] == (tr.num_threads,) and launch["smem"] == tr.smem_bytes
 
@@ -89,3 +89,14 @@ def test_decode_bucket_and_long_queries():
     assert describe_launches(p, sm_count=H100_SMS)[0]["kernel"] == "fa_decode_f16_d256"
     p = _problem(B=1, max_q=64, H=8, Hk=8)  # 64 query rows of one head: prefill's job
     assert route(p) == ("prefill", None)
+
+
+def test_kernel_keys_name_their_family_and_build_from_its_directory():
+    """The arch field picks cuda_src/<arch>/; sm80's entry-point names predate the field."""
+    key = cc.KernelKey("bf16", 128, transform=True, paged=True)
+    assert key.arch == "sm80" and key.name == "fa_fwd_bf16_d128_transform_paged"
+    assert dc.DecodeKey("f16", 64).name == "fa_decode_f16_d64"
+    assert cc.family_prefix("fwd", "sm90") == "fa_fwd_sm90"
+    with pytest.raises(ValueError, match="arch"):
+        cc.KernelKey("bf16", 128, arch="sm75")
+    assert 'cuda_src/sm80/flash_fwd.cu"' in cc.kernel_source([key])

@@ -7,6 +7,7 @@
 // cache_batch_idx again; the only per-tile metadata read is the block table (paged caches).
 #pragma once
 #include "params.cuh"
+#include "paged.cuh"
 
 namespace fa {
 
@@ -60,26 +61,6 @@ struct BlockInfo {
     lk = lmin(lmax(lk, 0), capacity);
     k_start = (int)ks;
     len_k = (int)lk;
-  }
-};
-
-// Division of a key position by the page size P without a divide instruction (paged
-// kernels divide once per key row per tile): div(n) = (umulhi(n, mul) + n) >> shift with
-// shift = ceil(log2 P), mul = floor(2^(32 + shift) / P) + 1 - 2^32.  This is the round-up
-// multiplier of Granlund & Montgomery (1994): exact for every 0 <= n < 2^31, since
-// mul' * P - 2^(32 + shift) <= P <= 2^shift (mul' = mul + 2^32), and the sum cannot overflow
-// 32 bits there.  P = 1 gives mul = 1, shift = 0: div(n) = n; P = 2^k gives n >> k.
-struct PageDiv {
-  unsigned mul;
-  int shift;
-  __device__ static PageDiv make(int P) {
-    PageDiv d;
-    d.shift = 32 - __clz(P - 1);
-    d.mul = (unsigned)((1ull << (32 + d.shift)) / (unsigned long long)P + 1ull - (1ull << 32));
-    return d;
-  }
-  __device__ __forceinline__ int div(int n) const {
-    return (int)((__umulhi((unsigned)n, mul) + (unsigned)n) >> shift);
   }
 };
 

@@ -17,6 +17,33 @@
 
 namespace fa {
 
+// ---- The state of one row, and merging states -------------------------------------------------
+// A (partial) softmax state is (m, l): the max logit m seen so far (in the units S is held in;
+// -inf while no key was visible) and l = sum_j exp2((s_j - m) c).  The rules below are the
+// only ones: the online update (OnlineSoftmax), the decode kernel's merge of its warps'
+// states, and the combine kernel's merge of split partials (m = lse, l = 1, c = log2 e) all
+// call them.
+
+// The amount (in log2 units) subtracted before exp2, for a running max m.  A row with no
+// visible key keeps m = -inf: subtracting 0 instead of -inf makes every p = exp2(-inf) = 0
+// rather than exp2(-inf - -inf) = NaN.
+__device__ __forceinline__ float row_shift(float m, float c) {
+  return m == neg_inf() ? 0.f : m * c;
+}
+
+// Weight of a state of max m_part in a merged state whose shift is `shift` (row_shift of the
+// merged max): exp2(m_part c - shift); 0 for an empty part (m_part = -inf).
+__device__ __forceinline__ float part_weight(float m_part, float c, float shift) {
+  return exp2_approx(m_part * c - shift);
+}
+
+// The natural-log LSE of a finished state (l summed over every lane and part): +inf (flash-
+// attn's marker of an empty softmax) or `empty_lse` when l == 0, NaN when l is (a NaN score).
+// l == 0 exactly iff no key was visible: a visible finite max contributes exp2(0) = 1.
+__device__ __forceinline__ float state_lse(float m, float l, float c, float empty_lse = pos_inf()) {
+  return l == 0.f ? empty_lse : (m * c + log2_approx(l)) * kLn2;
+}
+
 template <int kMRep>
 struct OnlineSoftmax {
   float row_max[kMRep][2];  // in the units S is held in; -inf while no key was visible
@@ -50,11 +77,9 @@ struct OnlineSoftmax {
         for (int nt = 0; nt < kNTiles; ++nt)
           mx = fmaxf(mx, fmaxf(s[mi][nt][2 * h], s[mi][nt][2 * h + 1]));
         mx = quad_max(mx);
-        // A row with no visible key yet keeps m = -inf; subtracting 0 instead of -inf makes
-        // every p = exp2(-inf) = 0 rather than exp2(-inf - -inf) = NaN.
-        const float m_scaled = mx == neg_inf() ? 0.f : mx * c;
+        const float m_scaled = row_shift(mx, c);
         changed |= mx != row_max[mi][h];
-        alpha[mi][h] = exp2_approx(row_max[mi][h] * c - m_scaled);  // 0 when m_old = -inf
+        alpha[mi][h] = part_weight(row_max[mi][h], c, m_scaled);  // 0 when m_old = -inf
         row_max[mi][h] = mx;
         float sum = 0.f;
 #pragma unroll
@@ -80,6 +105,9 @@ struct OnlineSoftmax {
     }
   }
 
+  // This row's l summed over the 4 lanes of the quad that share it.
+  __device__ __forceinline__ float row_total(int mi, int h) const { return quad_sum(row_sum[mi][h]); }
+
   // O /= l and the natural-log LSE.  A row that never saw a key (l == 0: m is still -inf and
   // no score was NaN) outputs 0 and LSE +inf (flash-attn's convention for an empty softmax).
   // A row with a NaN score has l = NaN: inv = 1/l and the LSE come out NaN, so its output and
@@ -96,7 +124,7 @@ struct OnlineSoftmax {
         const float sum = quad_sum(row_sum[mi][h]);
         const bool empty = sum == 0.f;
         const float inv = 1.f / sum;  // NaN when sum is
-        lse[mi][h] = empty ? pos_inf() : (row_max[mi][h] * c + log2_approx(sum)) * kLn2;
+        lse[mi][h] = state_lse(row_max[mi][h], sum, c);
 #pragma unroll
         for (int dt = 0; dt < kDTiles; ++dt) {
           o[mi][dt][2 * h] = empty ? 0.f : o[mi][dt][2 * h] * inv;

@@ -13,7 +13,10 @@
 // (m, l, O), and the 4 states are merged through shared memory at the end.
 //
 // Per 16-key tile and warp:  S(16x16) = Q(16xD) K^T (mma m16n8k16, packed rows as M; padding
-// rows masked), online softmax in log2 units, O(16xD) += P V with P kept in registers.
+// rows masked), then the prefill kernel's own pieces: the logit transform and the mask
+// (mask.cuh: window.cuh's visibility rule, with each packed row's query index and ALiBi slope),
+// the online softmax (softmax.cuh: OnlineSoftmax), and O(16xD) += P V with P in registers.
+// The 4 warps' states are merged with softmax.cuh's merge rules; so is the combine kernel's.
 //
 // Outputs: num_splits == 1 -> out (16-bit) + lse (H, total_q) directly (a row with no visible
 // key: out 0, lse +inf).  num_splits > 1 -> float32 partial O (normalized) into
@@ -27,6 +30,8 @@
 // kernel waits on memory, and one instantiation per (dtype, head-dim bucket) keeps CI's compile
 // time small.
 #include "../attn/block_info.cuh"
+#include "../attn/mask.cuh"
+#include "../attn/softmax.cuh"
 #include "mma.cuh"
 
 namespace fa {
@@ -99,17 +104,17 @@ __device__ void flash_decode(const DecodeParams& dp) {
   if (row0 >= rows_total) return;  // no rows here (combine reads only rows of real queries)
   if (len_q < p.len_q_min || len_q > p.len_q_max) return;  // the prefill kernel's (mixed batch)
   const int shift = len_k - len_q;
+  const Window window(p, len_k, shift);
 
-  // Key range any row of this CTA can see (bottom-right aligned window), intersected with this
-  // split's share of the sequence's 16-key tiles.
+  // Key tiles any row of this CTA can see, intersected with this split's share of the
+  // sequence's 16-key tiles.
   const int i_lo = row0 / g, i_hi = (imin(row0 + kDecodeRows, rows_total) - 1) / g;
-  int k_lo = 0, k_hi = len_k;
-  if (p.window_left >= 0) k_lo = imax(0, (int)lmin(lmax((i64)i_lo + shift - p.window_left, 0), len_k));
-  if (p.window_right >= 0) k_hi = (int)lmax(0, lmin((i64)i_hi + shift + p.window_right + 1, len_k));
+  int n_lo, n_hi;
+  window.template tile_range<kDecodeTileN>(i_lo, i_hi, n_lo, n_hi);
   const int n_tiles = ceil_div(len_k, kDecodeTileN);
   const int per_split = ceil_div(n_tiles, dp.num_splits);
-  const int t_begin = imax(split * per_split, k_lo / kDecodeTileN);
-  const int t_end = imin(imin(n_tiles, (split + 1) * per_split), ceil_div(k_hi, kDecodeTileN));
+  const int t_begin = imax(split * per_split, n_lo);
+  const int t_end = imin(imin(n_tiles, (split + 1) * per_split), n_hi);
   // Tiles of this warp: t_begin + warp + j * 4, j < n_mine.
   const int n_mine = t_end - t_begin > warp ? ceil_div(t_end - t_begin - warp, kDecodeWarps) : 0;
 
@@ -130,13 +135,13 @@ __device__ void flash_decode(const DecodeParams& dp) {
 
   // Row offset (element offset of head 0 of key row) of key `pos`, or -1 when absent.
   // Lane l (and l + 16) resolves key t * 16 + (l % 16) of a tile; the others get it by shuffle.
+  const PagedKeys pages(table, dp.paged ? p.page_size : 1, p.k_rows, p.k_page_stride,
+                        p.k_row_stride);
   auto row_offset = [&](int t) -> i64 {
     const int pos = t * kDecodeTileN + (lane & 15);
     if (t >= t_end || pos >= len_k) return -1;
     if (!dp.paged) return (i64)(k_start + pos) * p.k_row_stride;
-    const int page = table[pos / p.page_size];
-    if ((unsigned)page >= (unsigned)p.k_rows) return -1;
-    return (i64)page * p.k_page_stride + (i64)(pos % p.page_size) * p.k_row_stride;
+    return pages.row_offset(pos);
   };
   // Issue the cp.async copies of the warp's j-th tile (key offsets `off`) into ring slot `slot`.
   auto issue = [&](int slot, i64 off) {
@@ -161,33 +166,29 @@ __device__ void flash_decode(const DecodeParams& dp) {
   }
   i64 next_off = row_offset(tile_of(kStages - 1));  // page ids one issue ahead
 
-  // Per-lane rows: A = lane / 4, B = A + 8 (the two rows of an mma accumulator).
+  // Per-lane rows: A = lane / 4, B = A + 8 (the two rows of an mma accumulator), packed row
+  // pr -> query index pr / g, head hk * g + pr % g.  A padding row (pr >= rows_total) sees no
+  // key (last key -1).
   const int ra = lane >> 2, tq = lane & 3;
-  int qi[2], lo[2], hi[2];
+  int qi[2], first[2], last[2];
   float slope[2];
-  bool row_ok[2];
+  const LogitTransform<true> xform(p, shift);  // softcap / ALiBi: run-time switches here
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int pr = row0 + ra + 8 * h;
-    row_ok[h] = pr < rows_total;
+    const bool row_ok = pr < rows_total;
     qi[h] = pr / g;
-    const i64 diag = (i64)qi[h] + shift;
-    lo[h] = p.window_left >= 0 ? (int)lmax(diag - p.window_left, -1) : -1;
-    hi[h] = p.window_right >= 0 ? (int)lmin(diag + p.window_right, (i64)1 << 30) : (1 << 30);
-    if (!row_ok[h]) hi[h] = -2;  // padding row: sees nothing
-    slope[h] = 0.f;
-    if (p.alibi_slopes != nullptr && row_ok[h])
-      slope[h] = p.alibi_slopes[(i64)bidb * p.alibi_batch_stride + (i64)(hk * g + pr % g) * p.alibi_head_stride] * kLog2e;
+    first[h] = window.first_key(qi[h]);
+    last[h] = row_ok ? window.last_key(qi[h]) : -1;
+    slope[h] = row_ok ? xform.slope(p, bidb, hk * g + pr % g) : 0.f;
   }
-  const bool has_softcap = p.softcap > 0.f;
-  const bool has_alibi = p.alibi_slopes != nullptr;
-  const float scale_log2 = p.softmax_scale * kLog2e;
-  const float cap_log2 = p.softcap * kLog2e, inv_cap_scale = p.softmax_scale / (p.softcap > 0.f ? p.softcap : 1.f);
+  const float c = xform.log2_scale;
 
-  float o[kD / 8][4];
+  float o[1][kD / 8][4];
 #pragma unroll
-  for (int n = 0; n < kD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  float m_run[2] = {neg_inf(), neg_inf()}, l_run[2] = {0.f, 0.f};
+  for (int n = 0; n < kD / 8; ++n) o[0][n][0] = o[0][n][1] = o[0][n][2] = o[0][n][3] = 0.f;
+  OnlineSoftmax<1> softmax;
+  softmax.init();
 
   // Q is shared by all warps: wait for its group (the oldest) and publish it.
   cp_async_wait<kStages - 1>();
@@ -205,8 +206,9 @@ __device__ void flash_decode(const DecodeParams& dp) {
     const u32 ks = ring + (j % kStages) * Sm::kStageBytes, vs = ks + Sm::kTileBytes;
     const int t = tile_of(j);
 
-    // S = Q K^T (16 rows x 16 keys); k-steps past the head dim are skipped (uniform branch).
-    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    // S = Q K^T (16 rows x 16 keys: n-tile 0 keys 0-7, 1 keys 8-15); k-steps past the head dim
+    // are skipped (uniform branch).
+    float s[1][2][4] = {{{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}}};
     const u32 lrow = (lane & 15) * Sm::kRowBytes + (lane >> 4) * 16;
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
@@ -214,61 +216,31 @@ __device__ void flash_decode(const DecodeParams& dp) {
         u32 qa[4], kb[4];
         ldmatrix_x4(qa, q_smem + lrow + kk * 32);
         ldmatrix_x4(kb, ks + lrow + kk * 32);
-        Elem::mma(s[0], qa, kb[0], kb[2]);  // keys 0-7
-        Elem::mma(s[1], qa, kb[1], kb[3]);  // keys 8-15
+        Elem::mma(s[0][0], qa, kb[0], kb[2]);  // keys 0-7
+        Elem::mma(s[0][1], qa, kb[1], kb[3]);  // keys 8-15
       }
     }
 
-    // Logits in log2 units, masks (per row: its own query index), online softmax.
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float x[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int pos = t * kDecodeTileN + (e >> 1) * 8 + 2 * tq + (e & 1);
-        float v = s[e >> 1][2 * h + (e & 1)];
-        if (has_softcap) v = cap_log2 * tanh_accurate(v * inv_cap_scale);
-        else v *= scale_log2;
-        if (has_alibi) v -= slope[h] * fabsf((float)(qi[h] + shift - pos));
-        const bool vis = pos < len_k && pos >= lo[h] && pos <= hi[h];
-        x[e] = vis ? v : neg_inf();
-      }
-      const float mx = quad_max(fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3])));
-      const float m_new = fmaxf(m_run[h], mx);
-      // A row that has seen no key yet keeps m = -inf: use 0 as the shift so that
-      // exp2(-inf - 0) = 0 instead of exp2(-inf - -inf) = NaN.
-      const float m_use = m_new == neg_inf() ? 0.f : m_new;
-      const float alpha = exp2_approx(m_run[h] - m_use);
-      m_run[h] = m_new;
-      float sum = 0.f;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        x[e] = exp2_approx(x[e] - m_use);
-        sum += x[e];
-      }
-      l_run[h] = l_run[h] * alpha + sum;
-#pragma unroll
-      for (int n = 0; n < kD / 8; ++n) {
-        o[n][2 * h] *= alpha;
-        o[n][2 * h + 1] *= alpha;
-      }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[e >> 1][2 * h + (e & 1)] = x[e];
-    }
+    // The logit variant and the mask, each row at its own query index, then online softmax.
+    const int col0 = t * kDecodeTileN + 2 * tq;
+    xform.apply(s, [&](int, int h) { return qi[h]; }, [&](int, int h) { return slope[h]; }, col0);
+    mask_fragment(s, [&](int, int h) { return first[h]; }, [&](int, int h) { return last[h]; },
+                  col0, 0u);
+    softmax.update(s, o, c);  // s now holds P
 
     // O += P V: the S accumulators of keys 0-7 / 8-15 are the A fragment of P (16 x 16).
     u32 pa[4];
-    pa[0] = Elem::pack(s[0][0], s[0][1]);
-    pa[1] = Elem::pack(s[0][2], s[0][3]);
-    pa[2] = Elem::pack(s[1][0], s[1][1]);
-    pa[3] = Elem::pack(s[1][2], s[1][3]);
+    pa[0] = Elem::pack(s[0][0][0], s[0][0][1]);
+    pa[1] = Elem::pack(s[0][0][2], s[0][0][3]);
+    pa[2] = Elem::pack(s[0][1][0], s[0][1][1]);
+    pa[3] = Elem::pack(s[0][1][2], s[0][1][3]);
 #pragma unroll
     for (int dd = 0; dd < kD / 16; ++dd) {
       if (dd * 16 < hd) {
         u32 vb[4];
         ldmatrix_x4_trans(vb, vs + lrow + dd * 32);
-        Elem::mma(o[2 * dd], pa, vb[0], vb[1]);
-        Elem::mma(o[2 * dd + 1], pa, vb[2], vb[3]);
+        Elem::mma(o[0][2 * dd], pa, vb[0], vb[1]);
+        Elem::mma(o[0][2 * dd + 1], pa, vb[2], vb[3]);
       }
     }
     __syncwarp();  // every lane is done reading this slot before it is refilled
@@ -280,10 +252,10 @@ __device__ void flash_decode(const DecodeParams& dp) {
   float* merge = reinterpret_cast<float*>(smem + Sm::kQBytes);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    l_run[h] = quad_sum(l_run[h]);
+    const float l_warp = softmax.row_total(0, h);
     if (tq == 0) {
-      s_m[warp][ra + 8 * h] = m_run[h];
-      s_l[warp][ra + 8 * h] = l_run[h];
+      s_m[warp][ra + 8 * h] = softmax.row_max[0][h];
+      s_l[warp][ra + 8 * h] = l_warp;
     }
   }
   __syncthreads();
@@ -294,18 +266,18 @@ __device__ void flash_decode(const DecodeParams& dp) {
     float mm = neg_inf();
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w) mm = fmaxf(mm, s_m[w][r]);
-    const float m_use = mm == neg_inf() ? 0.f : mm;
+    const float shift_r = row_shift(mm, c);
     float ll = 0.f;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) ll += s_l[w][r] * exp2_approx(s_m[w][r] - m_use);
+    for (int w = 0; w < kDecodeWarps; ++w) ll += s_l[w][r] * part_weight(s_m[w][r], c, shift_r);
     row_m[h] = mm;
     row_l[h] = ll;
-    const float f = exp2_approx(m_run[h] - m_use);  // this warp's weight
+    const float f = part_weight(softmax.row_max[0][h], c, shift_r);  // this warp's weight
     float* dst = merge + ((warp * kDecodeRows) + r) * Sm::kMergeRow + 2 * tq;
 #pragma unroll
     for (int n = 0; n < kD / 8; ++n) {
-      dst[n * 8] = o[n][2 * h] * f;
-      dst[n * 8 + 1] = o[n][2 * h + 1] * f;
+      dst[n * 8] = o[0][n][2 * h] * f;
+      dst[n * 8 + 1] = o[0][n][2 * h + 1] * f;
     }
   }
   if (warp == 0 && tq == 0) {
@@ -339,7 +311,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[e] += src[e];
     }
-    const float lse = !empty ? (mm + log2_approx(ll)) * kLn2 : (split_mode ? neg_inf() : pos_inf());
+    const float lse = state_lse(mm, ll, c, split_mode ? neg_inf() : pos_inf());
     if (split_mode) {
       if (!empty) {  // an empty split writes no O: its lse -inf gives it weight 0
         float* dst = dp.oaccum + (((i64)split * p.total_q + qrow) * p.num_heads + head) * hd + d;
@@ -387,18 +359,22 @@ __device__ void combine_states(const CombineParams& c) {
   if (pair >= (i64)c.rows * c.heads) return;
   const int row = (int)(pair / c.heads), head = (int)(pair % c.heads);
   const i64 lse_off = (i64)(row / c.lse_rows) * c.lse_batch_stride + (i64)head * c.lse_head_stride + row % c.lse_rows;
+  // Partial s is the state (m = lse_s, l = 1) in natural units (c = log2 e); softmax.cuh's
+  // merge rules give the total and the weights.
   float mx = neg_inf();
   for (int s = 0; s < c.num_splits; ++s) {
     const float l = c.lse_in[s * c.lse_split_stride + lse_off];
     if (fabsf(l) != pos_inf()) mx = fmaxf(mx, l);  // finite or NaN (fmaxf skips NaN)
   }
+  const float shift = row_shift(mx, kLog2e);
   float total = 0.f;
   for (int s = 0; s < c.num_splits; ++s) {
     const float l = c.lse_in[s * c.lse_split_stride + lse_off];
-    if (fabsf(l) != pos_inf()) total += exp2_approx((l - mx) * kLog2e);
+    if (fabsf(l) != pos_inf()) total += part_weight(l, kLog2e, shift);
   }
   const bool empty = total == 0.f;  // no partial with a key (NaN: not empty)
-  const float lse = empty ? pos_inf() : mx + log2_approx(total) * kLn2;
+  const float lse = state_lse(mx, total, kLog2e);
+  const float lse_log2 = lse * kLog2e;
   const i64 o_off = (i64)row * c.o_row_stride + (i64)head * c.o_head_stride;
   const i64 out_off = (i64)row * c.out_row_stride + (i64)head * c.out_head_stride;
   for (int d = lane; d < c.head_dim; d += 32) {
@@ -406,7 +382,7 @@ __device__ void combine_states(const CombineParams& c) {
     for (int s = 0; s < c.num_splits; ++s) {
       const float l = c.lse_in[s * c.lse_split_stride + lse_off];
       if (fabsf(l) != pos_inf())
-        acc += exp2_approx((l - lse) * kLog2e) * load_elem(c.o_in, s * c.o_split_stride + o_off + d, c.in_type);
+        acc += part_weight(l, kLog2e, lse_log2) * load_elem(c.o_in, s * c.o_split_stride + o_off + d, c.in_type);
     }
     store_elem(c.o_out, out_off + d, c.out_type, empty ? 0.f : acc);
   }

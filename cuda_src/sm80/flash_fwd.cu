@@ -123,10 +123,10 @@ __device__ __forceinline__ KVRows<Tr> kv_rows(PageSlot slot, const FwdParams& p,
       off = (i64)(si.k_start + pos0 + row) * row_stride;
     } else {
       const unsigned page = slot.ids[row], row_in_page = slot.rows[row];
-      const bool present = page < (unsigned)p.k_rows;
+      const bool present = page_present(page, p.k_rows);
       absent |= ok && !present;
       ok = ok && present;
-      off = (i64)page * p.k_page_stride + (i64)row_in_page * row_stride;
+      off = page_row_offset(page, row_in_page, p.k_page_stride, row_stride);
     }
     rows.off[i] = ok ? off : 0;
     rows.ok[i] = ok;
@@ -174,7 +174,8 @@ __device__ __forceinline__ void attend_tile(float (&acc_o)[Tr::kMRep][Tr::kDTile
                                             const u32 (&q_frag)[kQFrags<Tr>][4],
                                             u32 q_base, u32 k_base, u32 v_base,
                                             const int* absent_ids, const MaskT& mask,
-                                            const XformT& xform, int lane, int n_block, int row0,
+                                            const XformT& xform, float slope, int lane,
+                                            int n_block, int row0,
                                             int col_in_tile0, float c,
                                             const AfterQK& after_qk) {
   constexpr int kMRep = Tr::kMRep, kNTiles = Tr::kNTiles, kDTiles = Tr::kDTiles;
@@ -233,7 +234,8 @@ __device__ __forceinline__ void attend_tile(float (&acc_o)[Tr::kMRep][Tr::kDTile
   after_qk();
 
   const int tile_col0 = n_block * Tr::kBlockN;
-  xform.apply(s, row0, tile_col0 + col_in_tile0);
+  xform.apply(s, [&](int mi, int h) { return row0 + mi * 16 + h * 8; },
+              [&](int, int) { return slope; }, tile_col0 + col_in_tile0);
   if constexpr (Is_masked) mask.apply(s, row0, tile_col0, col_in_tile0, absent_ids);
 
   softmax.update(s, acc_o, c);  // s now holds P (fp32)
@@ -305,8 +307,7 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
   const int shift = seq.len_k - seq.len_q;
 
   int n_min, n_max;
-  Mask<Is_paged>(p, seq.len_k, shift)
-      .template tile_range<kBlockN>(m0, m0 + rows_valid - 1, n_min, n_max);
+  Window(p, seq.len_k, shift).template tile_range<kBlockN>(m0, m0 + rows_valid - 1, n_min, n_max);
 
   const u32 sQ = smem_u32(smem);
   const u32 sK0 = sQ + Tr::kSmemQ;
@@ -314,7 +315,8 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
   // Paged: page-id / row-in-page slots (page_slot<Tr>(table0, n)).
   int* table0 = reinterpret_cast<int*>(smem + Tr::kSmemQ + 2 * Tr::kStages * Tr::kSmemKV);
 
-  const LogitTransform<Has_transform> xform(p, bidb, bidh, shift);
+  const LogitTransform<Has_transform> xform(p, shift);
+  const float slope = xform.slope(p, bidb, bidh);  // one query head per CTA: one ALiBi slope
   const float c = xform.log2_scale;
 
   const int warp_row0 = warp * Tr::kWarpM;             // first CTA row of this warp
@@ -416,16 +418,16 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
       const Mask<Is_paged> mask(p, seq.len_k, seq.len_k - seq.len_q);
       const bool need_mask =
           absent_ids != nullptr ||
-          mask.template tile_needs_mask<kBlockN>(n_block, m0, m0 + rows_valid - 1);
+          mask.window.template tile_needs_mask<kBlockN>(n_block, m0, m0 + rows_valid - 1);
       if (need_mask) {
         attend_tile<Tr, Elem, true>(acc_o, softmax, chunk_off, q_frag, q_base, k_base, v_base,
-                                    absent_ids, mask, xform, lane, n_block, row0, col_in_tile0, c,
-                                    after_qk);
+                                    absent_ids, mask, xform, slope, lane, n_block, row0,
+                                    col_in_tile0, c, after_qk);
       } else {
         // Iterations that need no masking.
         attend_tile<Tr, Elem, false>(acc_o, softmax, chunk_off, q_frag, q_base, k_base, v_base,
-                                     absent_ids, mask, xform, lane, n_block, row0, col_in_tile0,
-                                     c, after_qk);
+                                     absent_ids, mask, xform, slope, lane, n_block, row0,
+                                     col_in_tile0, c, after_qk);
       }
       stage ^= 1;
     }

@@ -73,7 +73,8 @@ def plan_attention(problem):
 
 def describe_launches(problem, sm_count=None) -> tuple:
     """What :func:`plan_attention` would launch, as plain data and without a GPU (``sm_count``
-    given): one dict per kernel with ``kernel`` (entry-point name), ``grid``, ``block``,
+    given): one dict per kernel with ``kernel`` (entry-point name), ``arch`` (kernel family,
+    compile.ARCHS), ``grid``, ``block``,
     ``smem`` (bytes) and, for decode, ``splits`` and the query-length range it serves.  Plan
     tests (``tests/test_plan.py``) and debugging read it; the plans compute the same values
     through the same functions."""
@@ -84,13 +85,14 @@ def describe_launches(problem, sm_count=None) -> tuple:
     out = []
     if kind in ("decode", "mixed"):
         key, m_blocks, splits = decode_plan(problem, len_q_max=limit, sm_count=sm_count)
-        out.append(dict(kernel=key.name, grid=decode_grid(problem, m_blocks, splits),
+        out.append(dict(kernel=key.name, arch=key.arch, grid=decode_grid(problem, m_blocks, splits),
                         block=(DECODE_THREADS,), smem=decode_smem(key.head_dim), splits=splits,
                         len_q=(1, limit) if limit is not None else (1, None)))
     if kind in ("prefill", "mixed"):
         key = select_kernel(problem)
         tr = traits(key.head_dim)
-        out.append(dict(kernel=key.name, grid=prefill_grid(problem, tr), block=(tr.num_threads,),
+        out.append(dict(kernel=key.name, arch=key.arch, grid=prefill_grid(problem, tr),
+                        block=(tr.num_threads,),
                         smem=tr.smem_bytes, splits=1,
                         len_q=(limit + 1, None) if limit is not None else (1, None)))
     return tuple(out)

@@ -96,20 +96,36 @@ PARAMS = (
 )
 
 
+#: Kernel families, named by the ``cuda_src/`` directory that holds their kernels.  "sm80":
+#: mma.sync m16n8k16 + ldmatrix + cp.async, which runs on every GPU of compute capability >= 8.0
+#: (sm_90 included).  A second family (the Hopper sm_90a path) adds its name here.
+ARCHS = ("sm80",)
+
+
+def family_prefix(kind: str, arch: str) -> str:
+    """Entry-point name prefix: ``fa_fwd`` / ``fa_decode`` for sm80 (its names predate the
+    field; disk caches and tools know them), ``fa_fwd_<arch>`` for any other family."""
+    return f"fa_{kind}" if arch == "sm80" else f"fa_{kind}_{arch}"
+
+
 @dataclass(frozen=True, order=True)
 class KernelKey:
     """One instantiation.
 
     transform: softcap and/or ALiBi (both switched inside by run-time values, so one kernel
     serves either or both); paged: K/V through a block table.  Causal and sliding windows
-    are run-time arguments of every kernel (they cost nothing on tiles they do not touch)."""
+    are run-time arguments of every kernel (they cost nothing on tiles they do not touch).
+    arch: the kernel family (ARCHS), i.e. which ``cuda_src/<arch>/flash_fwd.cu`` it is built from."""
 
     dtype: str  # "f16" | "bf16"
     head_dim: int  # bucket, one of HEAD_DIM_BUCKETS
     transform: bool = False
     paged: bool = False
+    arch: str = "sm80"
 
     def __post_init__(self):
+        if self.arch not in ARCHS:
+            raise ValueError(f"KernelKey.arch must be one of {ARCHS}, got {self.arch!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"KernelKey.dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.head_dim not in HEAD_DIM_BUCKETS:
@@ -120,7 +136,7 @@ class KernelKey:
     @property
     def name(self) -> str:
         flags = [f for f in ("transform", "paged") if getattr(self, f)]
-        return "_".join(["fa_fwd", self.dtype, f"d{self.head_dim}", *flags])
+        return "_".join([family_prefix("fwd", self.arch), self.dtype, f"d{self.head_dim}", *flags])
 
     def __str__(self) -> str:
         return self.name
@@ -246,7 +262,11 @@ def kernel_source(keys: Union[KernelKey, Iterable[KernelKey]]) -> str:
     """Translation unit: flash_fwd.cu with headers inlined, plus one entry point per key."""
     if isinstance(keys, KernelKey):
         keys = [keys]
-    return (build_source("sm80/flash_fwd.cu") + '#line 1 "<generated entry points>"\n'
+    keys = list(keys)
+    archs = {k.arch for k in keys} or {"sm80"}
+    if len(archs) != 1:
+        raise ValueError(f"one module per kernel family; got keys of {sorted(archs)}")
+    return (build_source(f"{archs.pop()}/flash_fwd.cu") + '#line 1 "<generated entry points>"\n'
             + FWD_ARGS.c_struct() + "".join(_wrapper(k) for k in keys))
 
 

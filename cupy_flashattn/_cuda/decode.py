@@ -33,7 +33,7 @@ from ..problem import AttentionProblem
 from .args import INT_MAX, Operands, compute_dtype, problem_pointers
 from .args import bf16_dtype as _bf16
 from .args import elem_stride as _es
-from .compile import PARAMS, bucket_for, kernel_dtype_tag, load_function
+from .compile import PARAMS, bucket_for, family_prefix, kernel_dtype_tag, load_function
 from .device_facts import decode_facts
 from .packing import ArgPack
 from .launcher import Launch, launch_packed
@@ -106,10 +106,11 @@ ROPE_NAME = "fa_rope_append"
 class DecodeKey:
     dtype: str  # "f16" | "bf16"
     head_dim: int  # one of DECODE_BUCKETS
+    arch: str = "sm80"  # kernel family (compile.ARCHS): cuda_src/<arch>/flash_decode.cu
 
     @property
     def name(self) -> str:
-        return f"fa_decode_{self.dtype}_d{self.head_dim}"
+        return f"{family_prefix('decode', self.arch)}_{self.dtype}_d{self.head_dim}"
 
     def __str__(self) -> str:
         return self.name
@@ -180,7 +181,10 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}(const {pack.struc
 def decode_source(keys=(), combine: bool = True) -> str:
     """flash_decode.cu (headers inlined) + entry points of ``keys`` (+ the combine kernel)."""
     keys = list(keys)
-    src = build_source("sm80/flash_decode.cu") + '#line 1 "<generated decode entry points>"\n'
+    archs = {k.arch for k in keys} or {"sm80"}
+    if len(archs) != 1:
+        raise ValueError(f"one module per kernel family; got keys of {sorted(archs)}")
+    src = build_source(f"{archs.pop()}/flash_decode.cu") + '#line 1 "<generated decode entry points>"\n'
     if keys:
         src += DECODE_ARGS.c_struct() + "".join(_decode_wrapper(k) for k in keys)
     if combine:

@@ -201,7 +201,9 @@ def test_with_kvcache_append_rotary(layout, rot_frac, interleaved, s_new):
     rot_half = int(D * rot_frac) // 2
     cos = sin = None
     if rot_half:
-        cos, sin = _cos_sin(rng, cap + 4, rot_half, np.float32 if interleaved else dt)
+        # A row per cache position (flash-attn's rule): the paged table's whole width.
+        ro_rows = (-(-cap // P) * P if layout.startswith("page") else cap) + 4
+        cos, sin = _cos_sin(rng, ro_rows, rot_half, np.float32 if interleaved else dt)
     causal = Sq > 1
 
     # expected: the generic NumPy code on host copies
