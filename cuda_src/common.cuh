@@ -108,4 +108,15 @@ __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 __device__ __forceinline__ i64 lmin(i64 a, i64 b) { return a < b ? a : b; }
 __device__ __forceinline__ i64 lmax(i64 a, i64 b) { return a > b ? a : b; }
 
+// Zero a register array of mma accumulators, e.g. float acc[kMRep][kTiles][4].
+template <int kA, int kB>
+__device__ __forceinline__ void zero_fragments(float (&x)[kA][kB][4]) {
+#pragma unroll
+  for (int a = 0; a < kA; ++a)
+#pragma unroll
+    for (int b = 0; b < kB; ++b)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[a][b][e] = 0.f;
+}
+
 }  // namespace fa

@@ -3,8 +3,9 @@
 Plain Python functions of ints and floats (NumPy arrays work too where noted), so that the host
 code calls them directly and ``_backend_cpu.py`` compiles the same functions with Numba for its
 kernel (``njit(rule)``): one definition, no restatement.  The CUDA kernels state the same rules
-in ``cuda_src/attn/mask.cuh`` and ``block_info.cuh``; ``reference.py`` states them independently on
-purpose (it is the oracle the tests compare both with).
+once in ``cuda_src/attn/``: ``window.cuh`` (visibility), ``mask.cuh`` (softcap, ALiBi),
+``paged.cuh`` (position -> page, row); ``reference.py`` states them independently on purpose (it
+is the oracle the tests compare both with).
 
 * Alignment: query row ``i`` of a sequence with ``len_q`` queries and ``len_k`` keys sits at
   key position ``diag = i + len_k - len_q`` (flash-attn's bottom-right alignment).

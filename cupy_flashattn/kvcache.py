@@ -182,35 +182,17 @@ class PagedKVCache:
         self._seqs: dict[int, _Sequence] = {}  # insertion order = creation order
         self._next_id = 0  # ids are never reused, so a stale id cannot alias a new sequence
 
-    # -- properties ------------------------------------------------------------------------
+    # -- properties: read-only facts of the pool --------------------------------------------
 
-    @property
-    def num_blocks(self) -> int:
-        return self._num_blocks
-
-    @property
-    def page_block_size(self) -> int:
-        return self._page_block_size
-
-    @property
-    def num_heads_k(self) -> int:
-        return int(self.k_pages.shape[2])
-
-    @property
-    def head_dim(self) -> int:
-        return int(self.k_pages.shape[3])
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self._dtype
-
-    @property
-    def max_blocks_per_seq(self) -> int:
-        return self._max_blocks_per_seq
-
-    @property
-    def num_free_blocks(self) -> int:
-        return len(self._free)
+    num_blocks = property(lambda self: self._num_blocks, doc="Pages in the pool (int).")
+    page_block_size = property(lambda self: self._page_block_size, doc="Token rows per page (int).")
+    num_heads_k = property(lambda self: int(self.k_pages.shape[2]), doc="KV heads (int).")
+    head_dim = property(lambda self: int(self.k_pages.shape[3]), doc="Head dimension (int).")
+    dtype = property(lambda self: self._dtype, doc="Element type of the pools (numpy dtype).")
+    max_blocks_per_seq = property(lambda self: self._max_blocks_per_seq,
+                                  doc="Pages one sequence may hold (int).")
+    num_free_blocks = property(lambda self: len(self._free),
+                               doc="Pages that no sequence holds (int).")
 
     @property
     def xp(self):
@@ -401,14 +383,18 @@ class PagedKVCache:
                 _shape(v_new), "append one value row per key row",
             )
         hk_d = (self.num_heads_k, self.head_dim)
-        if cu_seqlens is None:
-            if k_new.ndim != 4 or tuple(k_new.shape[2:]) != hk_d:
-                raise explain(
-                    ShapeError, "k_new", "has the wrong shape for a dense append (no cu_seqlens)",
-                    f"(B={batch}, S_new, {hk_d[0]}, {hk_d[1]})", _shape(k_new),
-                    "pass (B, S_new, num_heads_k, head_dim), or packed (total_new, num_heads_k, "
-                    "head_dim) together with cu_seqlens",
-                )
+        dense = cu_seqlens is None  # (B, S_new, Hk, D), else packed (total_new, Hk, D)
+        rank, mode, expected, fix = (
+            (4, "a dense append (no cu_seqlens)", f"(B={batch}, S_new, {hk_d[0]}, {hk_d[1]})",
+             "pass (B, S_new, num_heads_k, head_dim), or packed (total_new, num_heads_k, "
+             "head_dim) together with cu_seqlens") if dense else
+            (3, "a varlen append (with cu_seqlens)", f"(total_new, {hk_d[0]}, {hk_d[1]})",
+             "pack the new tokens as (total_new, num_heads_k, head_dim), or drop cu_seqlens "
+             "and pass (B, S_new, num_heads_k, head_dim)"))
+        if k_new.ndim != rank or tuple(k_new.shape[rank - 2:]) != hk_d:
+            raise explain(ShapeError, "k_new", f"has the wrong shape for {mode}", expected,
+                          _shape(k_new), fix)
+        if dense:
             if k_new.shape[0] != batch:
                 raise explain(
                     ShapeError, "k_new", "batch size must match len(seq_ids)",
@@ -416,13 +402,6 @@ class PagedKVCache:
                     "give k_new one row of new tokens per sequence id",
                 )
             return np.full(batch, k_new.shape[1], dtype=np.int64)
-        if k_new.ndim != 3 or tuple(k_new.shape[1:]) != hk_d:
-            raise explain(
-                ShapeError, "k_new", "has the wrong shape for a varlen append (with cu_seqlens)",
-                f"(total_new, {hk_d[0]}, {hk_d[1]})", _shape(k_new),
-                "pack the new tokens as (total_new, num_heads_k, head_dim), or drop cu_seqlens "
-                "and pass (B, S_new, num_heads_k, head_dim)",
-            )
         return _counts_from_cu_seqlens(cu_seqlens, batch, int(k_new.shape[0]))
 
     def _check_new(self, name: str, a) -> None:

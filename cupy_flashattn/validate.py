@@ -464,22 +464,16 @@ def lengths_fit(name: str, lengths, capacity: int, why: str, fix: str):
 
 def seqused_within(used, lengths):
     """Host-side: seqused_k[b] is in [0, cu_seqlens_k[b+1] - cu_seqlens_k[b]]."""
-    negative = used < 0
-    if negative.any():
-        b = int(np.argmax(negative))
-        raise explain(
-            SeqlenError, "seqused_k", f"sequence {b} has a negative number of used keys",
-            f"0 <= seqused_k[{b}] <= {int(lengths[b])}", int(used[b]),
-            "seqused_k[b] counts the keys of sequence b to attend to: pass values >= 0",
-        )
-    bad = used > lengths
-    if bad.any():
-        b = int(np.argmax(bad))
-        raise explain(
-            SeqlenError, "seqused_k", f"sequence {b} uses more keys than cu_seqlens_k gives it",
-            f"0 <= seqused_k[{b}] <= {int(lengths[b])}", int(used[b]),
-            "keep seqused_k[b] <= cu_seqlens_k[b+1] - cu_seqlens_k[b]",
-        )
+    for bad, what, fix in (
+        (used < 0, "has a negative number of used keys",
+         "seqused_k[b] counts the keys of sequence b to attend to: pass values >= 0"),
+        (used > lengths, "uses more keys than cu_seqlens_k gives it",
+         "keep seqused_k[b] <= cu_seqlens_k[b+1] - cu_seqlens_k[b]"),
+    ):
+        if bad.any():
+            b = int(np.argmax(bad))
+            raise explain(SeqlenError, "seqused_k", f"sequence {b} {what}",
+                          f"0 <= seqused_k[{b}] <= {int(lengths[b])}", int(used[b]), fix)
 
 
 def indices_in_range(name: str, idx, upper: int, fix: str):

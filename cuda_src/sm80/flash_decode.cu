@@ -185,8 +185,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
   const float c = xform.log2_scale;
 
   float o[1][kD / 8][4];
-#pragma unroll
-  for (int n = 0; n < kD / 8; ++n) o[0][n][0] = o[0][n][1] = o[0][n][2] = o[0][n][3] = 0.f;
+  zero_fragments(o);
   OnlineSoftmax<1> softmax;
   softmax.init();
 
@@ -208,7 +207,8 @@ __device__ void flash_decode(const DecodeParams& dp) {
 
     // S = Q K^T (16 rows x 16 keys: n-tile 0 keys 0-7, 1 keys 8-15); k-steps past the head dim
     // are skipped (uniform branch).
-    float s[1][2][4] = {{{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}}};
+    float s[1][2][4];
+    zero_fragments(s);
     const u32 lrow = (lane & 15) * Sm::kRowBytes + (lane >> 4) * 16;
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {

@@ -188,12 +188,7 @@ __device__ __forceinline__ void attend_tile(float (&acc_o)[Tr::kMRep][Tr::kDTile
 
   // S = Q K^T  (kMRep x kNTiles n8 tiles of 16x8 fp32 per warp)
   float s[kMRep][kNTiles][4];
-#pragma unroll
-  for (int mi = 0; mi < kMRep; ++mi)
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[mi][nt][e] = 0.f;
+  zero_fragments(s);
 
   // k16 steps.  kMRep = 1: unrolled (ptxas schedules the ldmatrix of step kk+1 under the mma
   // of step kk), Q fragments from registers when kQInRegs.  kMRep = 2: a run-time loop --
@@ -330,12 +325,7 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
   for (int j = 0; j < kP; ++j) chunk_off[j] = ld_row * Tr::kRowBytes + (Tr::swizzle(ld_row, 2 * j + (lane >> 4)) << 4);
 
   float acc_o[kMRep][kDTiles][4];
-#pragma unroll
-  for (int mi = 0; mi < kMRep; ++mi)
-#pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_o[mi][dt][e] = 0.f;
+  zero_fragments(acc_o);
   OnlineSoftmax<kMRep> softmax;
   softmax.init();
   u32 q_frag[kQFrags<Tr>][4];
