@@ -6,6 +6,8 @@
 # Runs, per tree: precompile, bench_decode --quick, bench --quick, bench_varlen (baseline first,
 # then this tree, then the baseline's prefill again to see drift); writes each tree's CSVs under
 # $OUT/<tree>/ and prints tools/compare_bench.py's table (this tree / baseline per row).
+# EXTRA="--dims 64,256 --seqs 4096" adds one more bench.py run per tree (rows --quick lacks),
+# under $OUT/<tree>/extra.
 set -u
 OUT=${OUT:-/tmp/fa_ba}; mkdir -p "$OUT"
 BASE_DIR=/tmp/fa_base; rm -rf "$BASE_DIR"; mkdir -p "$BASE_DIR"; tar xzf "${BASE:-.baseline.tgz}" -C "$BASE_DIR"
@@ -20,10 +22,15 @@ run_tree() {  # tree-dir label [prefill-only]
       stamp "$label bench_decode"; timeout 150 python3 benchmarks/bench_decode.py --quick --out "$out" > "$out/decode.txt" 2>&1
       stamp "$label bench_varlen"; timeout 90 python3 benchmarks/bench_varlen.py --out "$out" > "$out/varlen.txt" 2>&1
     fi
-    stamp "$label bench --quick"; timeout 150 python3 benchmarks/bench.py --quick --out "$out" > "$out/prefill.txt" 2>&1 )
+    stamp "$label bench --quick"; timeout 150 python3 benchmarks/bench.py --quick --out "$out" > "$out/prefill.txt" 2>&1
+    if [ -n "${EXTRA:-}" ] && [ -z "${3:-}" ]; then
+      stamp "$label bench $EXTRA"; timeout 200 python3 benchmarks/bench.py $EXTRA --out "$out/extra" > "$out/extra.txt" 2>&1
+    fi )
 }
 run_tree "$BASE_DIR" base
 run_tree "$HERE" new
 run_tree "$BASE_DIR" base2 prefill-only
 stamp "compare"
-python3 tools/compare_bench.py "$OUT/base" "$OUT/new" "$OUT/base2" | tee "$OUT/compare.txt"
+{ python3 tools/compare_bench.py "$OUT/base" "$OUT/new" "$OUT/base2"
+  if [ -n "${EXTRA:-}" ]; then echo; echo "== extra: $EXTRA"; python3 tools/compare_bench.py "$OUT/base/extra" "$OUT/new/extra"; fi
+} | tee "$OUT/compare.txt"
