@@ -167,7 +167,7 @@ def _attend_query_tile(
     q, k, v, out, softmax_lse,
     bidb, bidh, m_start, q_start, seqlen_q, k_start, seqlen_k,
     block_table, page_block_size, num_pages, paged,
-    softmax_scale, window_left, window_right, softcap, alibi_slopes, has_alibi,
+    softmax_scale, window_left, window_right, softcap, alibi_slopes, has_alibi, sinks, has_sinks,
 ):  # fmt: skip
     """Online-softmax attention of query rows ``m_start .. m_start + BLOCK_M - 1`` of sequence
     ``bidb``, head ``bidh``; writes their ``out`` rows and ``softmax_lse`` entries."""
@@ -272,6 +272,21 @@ def _attend_query_tile(
                 for d in range(head_dim):
                     acc_o[m, d] += p * v[row, bidh_k, d]
 
+    # Sinks: the sink logit joins the finished state (m, l) as one more term of weight
+    # exp(sink - m') with no value vector, m' = max(m, sink): l' = l exp(m - m') + exp(sink - m'),
+    # out = o exp(m - m') / l', lse = m' + log(l').  A row that saw no key then gives 0 and the
+    # sink as its LSE; a NaN sink makes l' (so out and lse) NaN.
+    if has_sinks:
+        sink = sinks[bidh]
+        for m in range(m_rows):
+            if row_nan[m] or not (row_sum[m] == row_sum[m]):
+                continue
+            top = sink if sink > row_max[m] else row_max[m]
+            w = np.exp(row_max[m] - top) if row_sum[m] > 0.0 else 0.0
+            row_sum[m] = row_sum[m] * w + np.exp(sink - top)
+            row_max[m] = top
+            for d in range(head_dim):
+                acc_o[m, d] *= w
     # Epilogue: out = o / l, lse = m + log(l); rows that saw no key (l == 0 exactly) give 0 and
     # +inf; rows with a NaN logit, or a +inf one (then l = exp(inf - inf) = NaN), give NaN.
     for m in range(m_rows):
@@ -296,7 +311,7 @@ def _flash_fwd_kernel(
     q, k, v, out, softmax_lse,
     q_start, len_q, k_start, len_k, num_m_blocks,
     block_table, page_block_size, num_pages, paged,
-    softmax_scale, window_left, window_right, softcap, alibi_slopes, has_alibi,
+    softmax_scale, window_left, window_right, softcap, alibi_slopes, has_alibi, sinks, has_sinks,
 ):  # fmt: skip
     """All (bidb, bidh, m_block) work items in parallel.
 
@@ -319,6 +334,7 @@ def _flash_fwd_kernel(
             bidb, bidh, m_start, q_start[bidb], len_q[bidb], k_start[bidb], len_k[bidb],
             block_table, page_block_size, num_pages, paged,
             softmax_scale, window_left, window_right, softcap, alibi_slopes, has_alibi,
+            sinks, has_sinks,
         )  # fmt: skip
 
 
@@ -452,6 +468,10 @@ def run_attention(problem: AttentionProblem) -> None:
     else:
         alibi_slopes = np.zeros((1, 1), dtype=np.float32)  # unused placeholder
 
+    has_sinks = p.sinks is not None
+    sinks = (_kernel_array(np.asarray(p.sinks, dtype=np.float32), compute_dtype) if has_sinks
+             else np.zeros(1, dtype=compute_dtype))  # unused placeholder
+
     # Rows no sequence covers read as 0 / +inf (the reference's convention).
     out = np.zeros((p.total_q, num_heads, head_dim), dtype=compute_dtype)
     softmax_lse = np.full((num_heads, p.total_q), np.inf, dtype=np.float32)
@@ -463,7 +483,7 @@ def run_attention(problem: AttentionProblem) -> None:
         ranges.q_start, ranges.len_q, ranges.k_start, ranges.len_k, num_m_blocks,
         block_table, page_block_size, num_pages, bool(p.paged),
         float(p.softmax_scale), int(p.window_left), int(p.window_right), float(p.softcap),
-        alibi_slopes, has_alibi,
+        alibi_slopes, has_alibi, sinks, has_sinks,
     )  # fmt: skip
 
     p.out[...] = out  # rounds to q's dtype (float16 / bfloat16) where needed

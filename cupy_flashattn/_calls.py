@@ -148,9 +148,11 @@ class _Call:
             return  # out and softmax_lse have no element to write
         if self.no_keys:
             # No key exists for any query: every row outputs 0 with LSE +inf (what the backends
-            # compute for a row that sees no key), without planning or launching a kernel.
+            # compute for a row that sees no key; with sinks, the whole softmax is on the sink:
+            # LSE = sinks[h]), without planning or launching a kernel.
             arrays["out"][...] = 0
-            arrays["softmax_lse"][...] = np.inf
+            sinks = arrays.get("sinks")
+            arrays["softmax_lse"][...] = np.inf if sinks is None else sinks[:, None]
             return
         problem = AttentionProblem(**arrays, **self.fields)
         first = self.plan is None
@@ -171,11 +173,11 @@ class DenseCall(_Call):
         self.q_rows = (B * Sq,) + tuple(q_shape[2:])
         self.k_rows = (k_shape[0] * k_shape[1],) + tuple(k_shape[2:])
 
-    def execute(self, q, k, v, alibi_slopes, out):
+    def execute(self, q, k, v, alibi_slopes, sinks, out):
         keep_lse = self.return_lse or self.attn_probs
         lse = self._lse_buffer(self.q_rows[0], keep_lse)
         result = self._run_token_rows(q, k, v, out, lse, self.k_rows,
-                                      alibi_slopes=self._alibi(alibi_slopes))
+                                      alibi_slopes=self._alibi(alibi_slopes), sinks=sinks)
         if not keep_lse:
             return result
         lse = self._lse_per_batch(lse)
@@ -192,13 +194,13 @@ class VarlenCall(_Call):
         self.attn_probs = attn_probs
 
     def execute(self, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
-                out):
+                sinks, out):
         xp = self.xp
         out_rows = xp.empty(q.shape, dtype=q.dtype) if out is None else out
         lse = self._lse_buffer(q.shape[0], self.return_lse or self.attn_probs)
         self._run(q=q, k=k, v=v, out=out_rows, softmax_lse=lse, cu_seqlens_q=cu_seqlens_q,
                   cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, block_table=block_table,
-                  alibi_slopes=self._alibi(alibi_slopes))
+                  alibi_slopes=self._alibi(alibi_slopes), sinks=sinks)
         if self.attn_probs:
             return out_rows, lse, None
         return (out_rows, lse) if self.return_lse else out_rows
@@ -229,7 +231,7 @@ class KVCacheCall(_Call):
         self.rope_plans: dict = {}  # the rotary/append kernel's launch plans (CuPy)
 
     def execute(self, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                cache_batch_idx, cache_leftpad, block_table, alibi_slopes, out):
+                cache_batch_idx, cache_leftpad, block_table, alibi_slopes, sinks, out):
         seqlens = self.seqlens if self.seqlens is not None else cache_seqlens
         if k is not None and not self.no_keys:
             q = rotary_ops.rotate_and_append(
@@ -242,5 +244,5 @@ class KVCacheCall(_Call):
         result = self._run_token_rows(
             q, k_cache, v_cache, out, lse, self.k_cache_rows, seqused_k=seqlens,
             cache_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad, block_table=block_table,
-            alibi_slopes=self._alibi(alibi_slopes))
+            alibi_slopes=self._alibi(alibi_slopes), sinks=sinks)
         return (result, self._lse_per_batch(lse)) if self.return_lse else result

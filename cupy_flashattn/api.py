@@ -172,6 +172,7 @@ def flash_attn_func(
     return_softmax_lse=False,
     out=None,
     check=None,
+    sinks=None,
 ):
     """Attention over a dense batch.
 
@@ -183,6 +184,12 @@ def flash_attn_func(
         causal, window_size: bottom-right aligned masks (see the module docstring).
         softcap: ``s = softcap * tanh(s / softcap)`` on the scaled logits when > 0.
         alibi_slopes: float32 ``(H,)`` or ``(B, H)``; adds ``-slope * |i + Sk - Sq - j|``.
+        sinks: float32 ``(H,)`` attention sinks (FlashInfer's name; gpt-oss's ``s_aux``, FA3's
+            and vLLM's ``sinks``): one more logit per row of head h, neither scaled nor capped,
+            with no value vector -- ``out = sum_j exp(s_j) v_j / (sum_j exp(s_j) + exp(sinks[h]))``.
+            The LSE includes it; a row that sees no key outputs 0 with LSE ``sinks[h]``.  To merge
+            states with :func:`merge_attention_states`, pass sinks to exactly one of the calls
+            (each state that includes the sink counts it once).
         deterministic: accepted for compatibility (the forward pass is deterministic).
         return_attn_probs: returns ``(out, softmax_lse, None)`` like flash-attn (no probs).
         return_softmax_lse: returns ``(out, softmax_lse)``; LSE is ``(B, H, Sq)`` float32.
@@ -200,20 +207,20 @@ def flash_attn_func(
         out, lse = flash_attn_func(q, k, k, causal=True, return_softmax_lse=True)
         # out (2, 1024, 32, 128) bfloat16, lse (2, 32, 1024) float32
     """
-    key = signature((q, k, v, alibi_slopes, out),
+    key = signature((q, k, v, alibi_slopes, sinks, out),
                     (dropout_p, softmax_scale, causal, window_size, softcap, return_attn_probs,
                      return_softmax_lse, check, _default_check()))
     call = CALLS.get(key) if key is not None else None
     if call is None:
-        q, k, v, alibi_slopes, out = (adopt(a) for a in (q, k, v, alibi_slopes, out))
+        q, k, v, alibi_slopes, sinks, out = (adopt(a) for a in (q, k, v, alibi_slopes, sinks, out))
         call = _prepare_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                              alibi_slopes, return_attn_probs, return_softmax_lse, out)
+                              alibi_slopes, sinks, return_attn_probs, return_softmax_lse, out)
         if key is not None:
             CALLS.put(key, call)
-    return call.execute(q, k, v, alibi_slopes, out)
+    return call.execute(q, k, v, alibi_slopes, sinks, out)
 
 
-def _prepare_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+def _prepare_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks,
                    return_attn_probs, return_softmax_lse, out) -> DenseCall:
     """Every check of flash_attn_func (none needs a device sync), lowered to a DenseCall."""
     xp, q, k, v = _common_checks(q, k, v, dropout_p, softmax_scale, window_size, softcap)
@@ -230,16 +237,17 @@ def _prepare_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softc
     _check_output(xp, q, out, (B * Sq, H, D))
     fields = dict(
         batch_size=B, seqlen_q=Sq, seqlen_k=Sk, max_seqlen_q=Sq, max_seqlen_k=Sk,
-        **_logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, B, H),
+        **_logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, sinks, B, H),
     )
     return DenseCall(xp, fields, H, D, return_softmax_lse, return_attn_probs, tuple(q.shape),
                      tuple(k.shape))
 
 
-def _logits(xp, softmax_scale, head_dim, left, right, softcap, alibi_slopes, batch, num_heads):
+def _logits(xp, softmax_scale, head_dim, left, right, softcap, alibi_slopes, sinks, batch, num_heads):
     """The AttentionProblem fields of the logit transform and mask, shared by every entry point
     (the slopes are validated here and passed per call: see ``_calls._Call._alibi``)."""
     validate.alibi_slopes(alibi_slopes, xp, batch, num_heads)
+    validate.sinks(sinks, xp, num_heads)
     return dict(
         softmax_scale=_scale(softmax_scale, head_dim),
         window_left=left,
@@ -280,6 +288,7 @@ def flash_attn_varlen_func(
     return_softmax_lse=False,
     out=None,
     check=None,
+    sinks=None,
 ):
     """Attention over a batch of sequences of different lengths, packed without padding.
 
@@ -318,31 +327,31 @@ def flash_attn_varlen_func(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
             page_block_size, seqused_k, seq_ids,
             dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
-            window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+            window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
             deterministic=deterministic, return_attn_probs=return_attn_probs,
             return_softmax_lse=return_softmax_lse, out=out, check=check,
         )
-    key = signature((q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, out),
+    key = signature((q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, sinks, out),
                     (max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
                      softcap, return_attn_probs, page_block_size, return_softmax_lse, check,
                      _default_check()))
     call = CALLS.get(key) if key is not None else None
     if call is None:
-        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, out = (
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, sinks, out = (
             adopt(a) for a in (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
-                               alibi_slopes, out))
+                               alibi_slopes, sinks, out))
         call = _prepare_varlen(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-            softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+            softmax_scale, causal, window_size, softcap, alibi_slopes, sinks, return_attn_probs,
             block_table, page_block_size, seqused_k, return_softmax_lse, out, check)
         if key is not None:
             CALLS.put(key, call)
     return call.execute(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
-                        alibi_slopes, out)
+                        alibi_slopes, sinks, out)
 
 
 def _prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-                    softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+                    softmax_scale, causal, window_size, softcap, alibi_slopes, sinks, return_attn_probs,
                     block_table, page_block_size, seqused_k, return_softmax_lse, out,
                     check) -> VarlenCall:
     """Every check of flash_attn_varlen_func (value checks only with ``check``/on NumPy),
@@ -386,7 +395,7 @@ def _prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     fields = dict(
         batch_size=B, seqlen_q=0, seqlen_k=0, max_seqlen_q=int(max_seqlen_q),
         max_seqlen_k=int(max_seqlen_k), page_block_size=P,
-        **_logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, B, H),
+        **_logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, sinks, B, H),
     )
     key_rows = int(k.shape[0]) * (P if paged else 1)
     return VarlenCall(xp, fields, H, D, return_softmax_lse, return_attn_probs,
@@ -451,6 +460,7 @@ def flash_attn_with_kvcache(
     seq_ids=None,
     out=None,
     check=None,
+    sinks=None,
 ):
     """Attention of a few new query tokens per sequence against a KV cache, appending the new
     keys/values into the cache in place first (flash-attn's decode entry point).
@@ -497,19 +507,19 @@ def flash_attn_with_kvcache(
         return _kvcache_from_cache(
             k_cache, q, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
-            rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, page_block_size,
+            rotary_interleaved, alibi_slopes, sinks, num_splits, return_softmax_lse, page_block_size,
             seq_ids, out, check,
         )
     return _with_kvcache_arrays(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
-        rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, page_block_size, out,
+        rotary_interleaved, alibi_slopes, sinks, num_splits, return_softmax_lse, page_block_size, out,
         check)
 
 
 def _with_kvcache_arrays(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                          cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-                         window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
+                         window_size, softcap, rotary_interleaved, alibi_slopes, sinks, num_splits,
                          return_softmax_lse, page_block_size, out, check,
                          cache_names=("k_cache", "v_cache"), rotary_covers_capacity=True):
     """flash_attn_with_kvcache on arrays: the call cache, else full validation first.
@@ -520,32 +530,32 @@ def _with_kvcache_arrays(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cach
     lens_array = None if lens_int is not None else cache_seqlens
     key = signature(
         (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lens_array, cache_batch_idx,
-         cache_leftpad, block_table, alibi_slopes, out),
+         cache_leftpad, block_table, alibi_slopes, sinks, out),
         (lens_int, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits,
          return_softmax_lse, page_block_size, check, _default_check(), rotary_covers_capacity),
     )
     call = CALLS.get(key) if key is not None else None
     if call is None:
         arrays = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lens_array, cache_batch_idx,
-                  cache_leftpad, block_table, alibi_slopes, out)
+                  cache_leftpad, block_table, alibi_slopes, sinks, out)
         (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lens_array, cache_batch_idx,
-         cache_leftpad, block_table, alibi_slopes, out) = (adopt(a) for a in arrays)
+         cache_leftpad, block_table, alibi_slopes, sinks, out) = (adopt(a) for a in arrays)
         call = _prepare_kvcache(
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
             lens_int if lens_int is not None else lens_array, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved,
-            alibi_slopes, num_splits, return_softmax_lse, page_block_size, out, check,
+            alibi_slopes, sinks, num_splits, return_softmax_lse, page_block_size, out, check,
             cache_names=cache_names, rotary_covers_capacity=rotary_covers_capacity,
         )
         if key is not None:
             CALLS.put(key, call)
     return call.execute(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lens_array,
-                        cache_batch_idx, cache_leftpad, block_table, alibi_slopes, out)
+                        cache_batch_idx, cache_leftpad, block_table, alibi_slopes, sinks, out)
 
 
 def _prepare_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                      cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-                     window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
+                     window_size, softcap, rotary_interleaved, alibi_slopes, sinks, num_splits,
                      return_softmax_lse, page_block_size, out, check,
                      cache_names=("k_cache", "v_cache"),
                      rotary_covers_capacity=True) -> KVCacheCall:
@@ -633,7 +643,7 @@ def _prepare_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
                     capacity if rotary_covers_capacity and rotary_cos is not None else None)
     left, right = _mask(causal, window_size)
     _check_output(xp, q, out, (B * Sq, H, D))
-    logits = _logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, B, H)
+    logits = _logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, sinks, B, H)
 
     if full:
         validate.kvcache_values(seqlens, S_new, capacity, rotary_cos, cache_batch_idx,
@@ -670,7 +680,7 @@ def _cache_seqlens(cache_seqlens, xp, batch, capacity):
 
 def _kvcache_from_cache(cache, q, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                         cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-                        window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
+                        window_size, softcap, rotary_interleaved, alibi_slopes, sinks, num_splits,
                         return_softmax_lse, page_block_size, seq_ids, out, check):
     """flash_attn_with_kvcache on a PagedKVCache: reserve pages for the new tokens
     (CacheExhaustedError before anything changes), then run the ordinary paged call -- fully
@@ -682,8 +692,8 @@ def _kvcache_from_cache(cache, q, v_cache, k, v, rotary_cos, rotary_sin, cache_s
                                     cache_leftpad=cache_leftpad)
     validate.page_block_size(page_block_size, cache.k_pages)
     seq_ids = list(cache.seq_ids) if seq_ids is None else list(seq_ids)
-    q, k, v, rotary_cos, rotary_sin, alibi_slopes, out = (
-        adopt(a) for a in (q, k, v, rotary_cos, rotary_sin, alibi_slopes, out))
+    q, k, v, rotary_cos, rotary_sin, alibi_slopes, sinks, out = (
+        adopt(a) for a in (q, k, v, rotary_cos, rotary_sin, alibi_slopes, sinks, out))
     validate.same_library(q=q, k_cache=cache.k_pages)
     validate.rank("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     B = int(q.shape[0])
@@ -708,6 +718,6 @@ def _kvcache_from_cache(cache, q, v_cache, k, v, rotary_cos, rotary_sin, cache_s
         table, before = cache._step_tables(seqs)
         return _with_kvcache_arrays(
             q, cache.k_pages, cache.v_pages, k, v, rotary_cos, rotary_sin, before, None, None,
-            table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes,
+            table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, sinks,
             num_splits, return_softmax_lse, None, out, check,
             cache_names=("cache.k_pages", "cache.v_pages"), rotary_covers_capacity=False)

@@ -14,6 +14,11 @@ A partial whose LSE is NaN (its scores held a NaN) makes the row's result NaN, o
 NaN in the ``out`` of a partial that has a key (finite LSE) reaches the result too, however
 small that partial's weight.
 
+Attention sinks (the ``sinks=`` of the attention functions) behave as one more key with a zero
+value vector: a state computed with sinks includes that key.  Merging is exact when the sink is
+in exactly one of the states merged (compute one chunk with ``sinks=``, the others without);
+merging two states that both include it counts it twice.
+
 Zero-size inputs (no row: total, B or S is 0) give zero-size results without any device work;
 a head dim or a head count of 0 is refused, as the attention functions refuse it.
 """

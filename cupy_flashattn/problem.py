@@ -27,7 +27,9 @@ Masks (bottom-right aligned): with ``shift = len_k - len_q``, query ``i`` sees k
 ``(window_left < 0 or j >= i + shift - window_left) and (window_right < 0 or j <= i + shift + window_right)``.
 Causal is ``window_right = 0``.  Logits: ``s = scale * q.k``; ``s = softcap * tanh(s / softcap)`` if
 softcap > 0; ``s -= slope[b, h] * |i + shift - j|`` with ALiBi.  A row with no visible key outputs
-0 and LSE +inf.
+0 and LSE +inf.  Sinks: ``sinks[h]`` (a logit, neither scaled nor capped) joins every row's softmax
+denominator with no value vector; the LSE includes it, and a row with no visible key then outputs
+0 with LSE ``sinks[h]``.
 
 Guards: the kernels clamp every resolved range to the arrays they were given (``total_q``,
 ``k_rows``, ``max_blocks_per_seq * P``) and treat a page id outside ``[0, num_blocks)`` as
@@ -81,6 +83,9 @@ class AttentionProblem:
     window_right: int = -1  # -1 = unlimited; causal = 0
     softcap: float = 0.0
     alibi_slopes: Optional[Any] = None  # float32 (B, H) (api broadcasts (H,) to (B, H))
+    # float32 (H,): per-head sink logit (natural units, not scaled), one more softmax term
+    # exp(sinks[h]) with no value vector: out = sum_j p_j v_j / (sum_j p_j + exp(sinks[h] - m))
+    sinks: Optional[Any] = None
 
     # -- scheduling hints --------------------------------------------------------------------
     num_splits: int = 0  # split-KV factor for decode (0 = the backend chooses)

@@ -31,6 +31,7 @@ def attention_ref(
     window_size=(-1, -1),
     softcap=0.0,
     alibi_slopes=None,
+    sinks=None,
     return_lse=False,
     upcast=True,
 ):
@@ -39,6 +40,9 @@ def attention_ref(
     k, v: ``(Sk, Hk, D)`` / ``(B, Sk, Hk, D)``; query head ``h`` reads kv head ``h // (H // Hk)``.
     Masks are aligned bottom-right (query ``i`` sits at key position ``i + Sk - Sq``).
     alibi_slopes: ``(H,)`` or ``(B, H)``; adds ``-slope * |i + Sk - Sq - j|``.
+    sinks: ``(H,)``: one more logit per row (not scaled, not capped) whose value vector is 0:
+    the softmax is taken over ``[logits..., sinks[h]]`` and the sink's column dropped, so it only
+    adds ``exp(sinks[h])`` to the denominator (and to the LSE).
     Returns ``out`` in q's dtype (float64 when upcast) and, with ``return_lse``, the natural-log
     LSE ``(H, Sq)`` / ``(B, H, Sq)`` in float64 (+inf for rows that see no key; their output is 0).
 
@@ -50,6 +54,7 @@ def attention_ref(
     """
     q, k, v = _to_numpy(q), _to_numpy(k), _to_numpy(v)
     alibi_slopes = _to_numpy(alibi_slopes)
+    sinks = _to_numpy(sinks)
     batched = q.ndim == 4
     if not batched:
         q, k, v = q[None], k[None], v[None]
@@ -87,6 +92,10 @@ def attention_ref(
         visible &= j <= diag + right
     scores = np.where(visible, scores, -np.inf)
     row_max = scores.max(axis=-1, keepdims=True) if Sk > 0 else np.full((B, H, Sq, 1), -np.inf)
+    sink = None
+    if sinks is not None:  # the sink as one more column of the row (its value vector is 0)
+        sink = np.broadcast_to(sinks.astype(np.float64)[None, :, None, None], row_max.shape)
+        row_max = np.where(np.isnan(row_max), np.nan, np.fmax(row_max, sink))
     # Empty: no visible key (or only -inf logits).  A NaN max (a NaN logit) is not empty, and a
     # +inf max is not either: exp(inf - inf) = NaN makes that row NaN, as in a plain softmax.
     empty = row_max == -np.inf
@@ -94,6 +103,8 @@ def attention_ref(
     with np.errstate(invalid="ignore"):  # inf - inf of a +inf logit: NaN on purpose
         p = np.exp(scores - safe_max)
     denom = p.sum(axis=-1, keepdims=True)
+    if sink is not None:
+        denom = denom + np.exp(sink - safe_max)
     probs = rnd(np.where(empty, 0.0, p / np.where(empty, 1.0, denom)))
     out = _probs_times_v(probs, vv)
     lse = np.where(empty[..., 0], np.inf, (safe_max + np.log(np.where(empty, 1.0, denom)))[..., 0])
@@ -138,7 +149,7 @@ def problem_ref(problem, upcast=True):
     table = _to_numpy(p.block_table)
     H, D = q.shape[1], q.shape[2]
     out = np.zeros((q.shape[0], H, D), dtype=np.float64 if upcast else q.dtype)
-    lse = np.full((H, q.shape[0]), np.inf)
+    lse = np.full((H, q.shape[0]), np.inf)  # rows no sequence covers
     for b in range(p.batch_size):
         q_start, len_q, k_start, len_k = resolve_sequence(p, b)
         if len_q == 0:
@@ -159,6 +170,7 @@ def problem_ref(problem, upcast=True):
             window_size=(p.window_left, p.window_right),
             softcap=p.softcap,
             alibi_slopes=None if alibi is None else alibi[b],
+            sinks=_to_numpy(p.sinks),
             return_lse=True,
             upcast=upcast,
         )

@@ -370,6 +370,24 @@ def alibi_slopes(slopes, xp, batch: int, num_heads: int):
     last_dim_contiguous("alibi_slopes", slopes)
 
 
+def sinks(sinks, xp, num_heads: int):
+    """Attention sinks: one float32 logit per query head, on q's device."""
+    if sinks is None:
+        return
+    same_backend(xp, sinks=sinks)
+    if np.dtype(sinks.dtype) != np.float32:
+        raise explain(
+            DTypeError, "sinks", "must have dtype float32", "float32", dtype_name(sinks.dtype),
+            "convert with sinks.astype(numpy.float32)",
+        )
+    if tuple(sinks.shape) != (num_heads,):
+        raise explain(
+            ShapeError, "sinks", "must have one logit per query head", f"({num_heads},)",
+            _shape(sinks), "pass a float32 array of shape (nheads,), e.g. the model's s_aux",
+        )
+    last_dim_contiguous("sinks", sinks)
+
+
 # -- paged KV -------------------------------------------------------------------------------
 
 

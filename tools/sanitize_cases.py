@@ -93,6 +93,9 @@ def logits(rng, mode, H):
         return dict(causal=True), dict(causal=True)
     if mode == "local":
         return dict(window_size=(8, 4)), dict(window_size=(8, 4))
+    if mode == "causal_sinks":
+        s = rng.uniform(-1.0, 3.0, H).astype(np.float32)
+        return dict(causal=True, sinks=dev(s)), dict(causal=True, sinks=s)
     slopes = rng.uniform(0.05, 0.5, H).astype(np.float32)  # "softcap_alibi"
     return (dict(softcap=5.0, alibi_slopes=dev(slopes)), dict(softcap=5.0, alibi_slopes=slopes))
 
@@ -136,8 +139,9 @@ def prefill_varlen(rng, dt, D, mode, P=0):
     return max(errs)
 
 
-def decode(rng, dt, D, splits, P=0):
-    """flash_attn_with_kvcache without new tokens: the decode kernel (split-KV when splits > 1)."""
+def decode(rng, dt, D, splits, P=0, sinks=False):
+    """flash_attn_with_kvcache without new tokens: the decode kernel (split-KV when splits > 1;
+    with ``sinks``, the combine adds them)."""
     B, H, Hk, S = 3, 8, 2, 300
     lens = np.array([1, 250, 77], np.int32)
     q = randn(rng, (B, 1, H, D), dt)
@@ -153,10 +157,14 @@ def decode(rng, dt, D, splits, P=0):
         for b in range(B):
             kc_h[b, : lens[b]], vc_h[b, : lens[b]] = keys[b], values[b]
         kc, vc = dev(kc_h), dev(vc_h)
+    ref = dict(softcap=20.0)
+    if sinks:
+        ref["sinks"] = rng.uniform(-1.0, 3.0, H).astype(np.float32)
+        kw["sinks"] = dev(ref["sinks"])
     out = poisoned(q.shape, dt)
     fa.flash_attn_with_kvcache(dev(q), kc, vc, cache_seqlens=dev(lens), num_splits=splits,
                                softcap=20.0, out=out, check=True, **kw)
-    return max(check(f"batch {b}", out[b], q[b], keys[b], values[b], dt, softcap=20.0)
+    return max(check(f"batch {b}", out[b], q[b], keys[b], values[b], dt, **ref)
                for b in range(B))
 
 
@@ -307,6 +315,11 @@ def cases():
     out += [
         ("prefill varlen bfloat16-d64-causal", lambda r: prefill_varlen(r, BF16, 64, "causal")),
         ("prefill varlen float16-d128-local", lambda r: prefill_varlen(r, F16, 128, "local")),
+        ("prefill dense bfloat16-d128 causal sinks",
+         lambda r: prefill_dense(r, BF16, 128, "causal_sinks")),
+        ("decode paged P=16 bfloat16-d128 splits=3 sinks",
+         lambda r: decode(r, BF16, 128, 3, P=16, sinks=True)),
+        ("decode float16-d64 splits=1 sinks", lambda r: decode(r, F16, 64, 1, sinks=True)),
         ("decode float16-d64 splits=1", lambda r: decode(r, F16, 64, 1)),
         ("decode bfloat16-d128 splits=3", lambda r: decode(r, BF16, 128, 3)),
         ("decode paged P=16 bfloat16-d64 splits=3", lambda r: decode(r, BF16, 64, 3, P=16)),

@@ -23,6 +23,7 @@ struct FwdParams {
   const int* leftpad_k;        // (B,) or null
   const int* block_table;      // (B, max_blocks_per_seq) or null (dense)
   const float* alibi_slopes;   // (B, H) float32 or null
+  const float* sinks;          // (H,) float32 attention-sink logits or null (softmax.cuh)
 
   // Strides in elements.  k and v share one set (launch.py makes them agree).
   i64 q_row_stride, q_head_stride;

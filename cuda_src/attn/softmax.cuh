@@ -44,6 +44,32 @@ __device__ __forceinline__ float state_lse(float m, float l, float c, float empt
   return l == 0.f ? empty_lse : (m * c + log2_approx(l)) * kLn2;
 }
 
+// An attention sink (FwdParams::sinks): one more softmax term exp(sink) per row with no value
+// vector, folded into a FINISHED state -- after every key (and, split-KV, after the combine: a
+// split partial leaves it out, so it is counted once).  Given the state's max m (S units, c the
+// log2 multiplier) and sum l, the sink in log2 units (-inf: none), and whether the row saw a key:
+//   top = max(m c, sink);  w = exp2(m c - top);  l' = l w + exp2(sink - top)
+// O (unnormalized) is multiplied by w / l' and the LSE is (top + log2 l') ln 2.  A row that saw
+// no key gets w = 0 (O stays 0) and LSE = sink; a NaN sink makes l' NaN (fmaxf skips it in top).
+struct SinkFold {
+  float o_scale;  // what the unnormalized O is multiplied by (1 / l without a sink)
+  float lse;      // natural log
+};
+__device__ __forceinline__ SinkFold fold_sink(float m, float l, float c, float sink_log2,
+                                              float empty_lse = pos_inf()) {
+  if (sink_log2 == neg_inf()) return {1.f / l, state_lse(m, l, c, empty_lse)};
+  const float m_log2 = l == 0.f ? neg_inf() : m * c;
+  const float top = fmaxf(m_log2, sink_log2);
+  const float w = exp2_approx(m_log2 - top);
+  const float total = l * w + exp2_approx(sink_log2 - top);
+  return {w / total, (top + log2_approx(total)) * kLn2};
+}
+
+// The sink of query head h in log2 units, or -inf when the call has none.
+__device__ __forceinline__ float sink_log2(const float* sinks, int h) {
+  return sinks != nullptr ? sinks[h] * kLog2e : neg_inf();
+}
+
 template <int kMRep>
 struct OnlineSoftmax {
   float row_max[kMRep][2];  // in the units S is held in; -inf while no key was visible
@@ -114,17 +140,19 @@ struct OnlineSoftmax {
   // LSE are NaN -- never the empty marker (NaN == 0 is false).  An empty row's O is set to 0,
   // not multiplied by 0: a NaN in the V row of a key masked for it (same key tile) reached its
   // O as P V's 0 * NaN.
+  // sink: the rows' attention sink in log2 units (-inf: none; see fold_sink).
   template <int kDTiles>
   __device__ __forceinline__ void finalize(float (&o)[kMRep][kDTiles][4], float c,
-                                           float (&lse)[kMRep][2]) {
+                                           float (&lse)[kMRep][2], float sink = neg_inf()) {
 #pragma unroll
     for (int mi = 0; mi < kMRep; ++mi)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float sum = quad_sum(row_sum[mi][h]);
         const bool empty = sum == 0.f;
-        const float inv = 1.f / sum;  // NaN when sum is
-        lse[mi][h] = state_lse(row_max[mi][h], sum, c);
+        const SinkFold fold = fold_sink(row_max[mi][h], sum, c, sink);
+        const float inv = fold.o_scale;  // 1 / sum without a sink: NaN when sum is
+        lse[mi][h] = fold.lse;
 #pragma unroll
         for (int dt = 0; dt < kDTiles; ++dt) {
           o[mi][dt][2 * h] = empty ? 0.f : o[mi][dt][2 * h] * inv;

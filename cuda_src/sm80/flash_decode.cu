@@ -302,8 +302,12 @@ __device__ void flash_decode(const DecodeParams& dp) {
     // when a score was NaN: inv, O and the lse are NaN then (NaN == 0 is false).
     // An empty row's out is set to 0, not multiplied by 0: a NaN in the V row of a key masked
     // for it (same tile) reached acc as P V's 0 * NaN.
+    // The attention sink joins here when this CTA sees the whole sequence; split partials leave
+    // it out and the combine kernel adds it once (softmax.cuh fold_sink).
     const bool empty = ll == 0.f;
-    const float inv = empty ? 0.f : 1.f / ll;
+    const SinkFold fold = fold_sink(mm, ll, c, split_mode ? neg_inf() : sink_log2(p.sinks, head),
+                                    split_mode ? neg_inf() : pos_inf());
+    const float inv = empty ? 0.f : fold.o_scale;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w) {
@@ -311,7 +315,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[e] += src[e];
     }
-    const float lse = state_lse(mm, ll, c, split_mode ? neg_inf() : pos_inf());
+    const float lse = fold.lse;
     if (split_mode) {
       if (!empty) {  // an empty split writes no O: its lse -inf gives it weight 0
         float* dst = dp.oaccum + (((i64)split * p.total_q + qrow) * p.num_heads + head) * hd + d;
@@ -338,10 +342,14 @@ __device__ void flash_decode(const DecodeParams& dp) {
 // (it may hold anything).  No partial with a key -> out 0, lse +inf.  A partial whose LSE is NaN
 // (a NaN score) makes the row NaN: it passes the "not infinite" test, fmaxf skips it in the max,
 // and its weight exp2(NaN) = NaN makes the total, the lse and every output element NaN.
+// Sinks (split-KV decode of a call with sinks; never merge_attention_states): the sink of the
+// head is one more partial with lse = sinks[head] and O = 0, so it enters the max and the total
+// but no output element -- counted once, since the split partials leave it out.
 // Element types by code: 0 float32, 1 float16, 2 bfloat16.
 struct CombineParams {
   const void* o_in;
   const float* lse_in;
+  const float* sinks;  // (heads,) attention-sink logits, natural units, or null (see below)
   void* o_out;
   float* lse_out;
   i64 o_split_stride, o_row_stride, o_head_stride;
@@ -366,8 +374,11 @@ __device__ void combine_states(const CombineParams& c) {
     const float l = c.lse_in[s * c.lse_split_stride + lse_off];
     if (fabsf(l) != pos_inf()) mx = fmaxf(mx, l);  // finite or NaN (fmaxf skips NaN)
   }
+  const bool has_sink = c.sinks != nullptr;
+  const float sink = has_sink ? c.sinks[head] : neg_inf();
+  mx = fmaxf(mx, sink);
   const float shift = row_shift(mx, kLog2e);
-  float total = 0.f;
+  float total = has_sink ? part_weight(sink, kLog2e, shift) : 0.f;
   for (int s = 0; s < c.num_splits; ++s) {
     const float l = c.lse_in[s * c.lse_split_stride + lse_off];
     if (fabsf(l) != pos_inf()) total += part_weight(l, kLog2e, shift);

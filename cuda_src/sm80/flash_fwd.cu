@@ -426,7 +426,7 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
   // Epilogue: O /= l, LSE; O goes through this warp's own rows of sQ (no other warp reads
   // them) so the global stores are 16-byte and row-contiguous.
   float lse[kMRep][2];
-  softmax.finalize(acc_o, c, lse);
+  softmax.finalize(acc_o, c, lse, sink_log2(p.sinks, bidh));
   // Lanes overwrite Q rows that other lanes of this warp read by ldmatrix; the .sync.aligned
   // ldmatrix/mma already order that, the barrier says so (and racecheck can see it).
   __syncwarp();

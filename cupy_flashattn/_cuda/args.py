@@ -57,7 +57,7 @@ PROBLEM_POINTERS = (
     ("cu_seqlens_q", "cu_seqlens_q"), ("cu_seqlens_k", "cu_seqlens_k"),
     ("seqused_k", "seqused_k"), ("cache_batch_idx", "cache_batch_idx"),
     ("leftpad_k", "leftpad_k"), ("block_table", "block_table"),
-    ("alibi_slopes", "alibi_slopes"),
+    ("alibi_slopes", "alibi_slopes"), ("sinks", "sinks"),
 )
 
 
@@ -133,7 +133,7 @@ class Operands:
             q=q, k=k, v=v, o=o, lse=lse,
             cu_seqlens_q=p.cu_seqlens_q, cu_seqlens_k=p.cu_seqlens_k, seqused_k=p.seqused_k,
             cache_batch_idx=p.cache_batch_idx, leftpad_k=p.leftpad_k, block_table=table,
-            alibi_slopes=alibi,
+            alibi_slopes=alibi, sinks=p.sinks,
             q_row_stride=elem_stride(q, 0), q_head_stride=elem_stride(q, 1),
             k_row_stride=k_row, k_head_stride=k_head, k_page_stride=k_page,
             o_row_stride=elem_stride(o, 0), o_head_stride=elem_stride(o, 1),

@@ -65,6 +65,7 @@ PARAMS = (
     ("const int*", "leftpad_k"),
     ("const int*", "block_table"),
     ("const float*", "alibi_slopes"),
+    ("const float*", "sinks"),
     ("long long", "q_row_stride"),
     ("long long", "q_head_stride"),
     ("long long", "k_row_stride"),

@@ -71,7 +71,8 @@ DECODE_EXTRA = (
 )
 
 COMBINE_FIELDS = (
-    ("const void*", "o_in"), ("const float*", "lse_in"), ("void*", "o_out"), ("float*", "lse_out"),
+    ("const void*", "o_in"), ("const float*", "lse_in"), ("const float*", "sinks"),
+    ("void*", "o_out"), ("float*", "lse_out"),
     ("long long", "o_split_stride"), ("long long", "o_row_stride"), ("long long", "o_head_stride"),
     ("long long", "lse_split_stride"), ("long long", "lse_batch_stride"),
     ("long long", "lse_head_stride"),
@@ -356,7 +357,8 @@ class DecodePlan:
             if self.splits > 1 and pairs > 0:
                 self.combine_launch = Launch(
                     _combine_kernel(), (-(-pairs // COMBINE_PAIRS_PER_CTA),), (COMBINE_THREADS,),
-                    0, COMBINE_ARGS, COMBINE_ARGS.new(self._combine_values(ops.o, ops.lse)))
+                    0, COMBINE_ARGS,
+                    COMBINE_ARGS.new(self._combine_values(ops.o, ops.lse, sinks=p.sinks)))
 
     def _split_workspace(self, cupy):
         """The split partials (oaccum, lse_accum).  Kept per CUDA stream and reused by every
@@ -380,10 +382,12 @@ class DecodePlan:
                 "num_splits": self.splits, "m_blocks": self.m_blocks,
                 "paged": 1 if ops.problem.paged else 0}
 
-    def _combine_values(self, o, lse, oacc=None, lacc=None) -> dict:
+    def _combine_values(self, o, lse, oacc=None, lacc=None, sinks=None) -> dict:
+        """The combine of this plan's split partials (the call's sinks join it: the partials
+        leave them out)."""
         _, total_q, H, d8 = self.oacc_shape
         return combine_values(
-            oacc, lacc, o, lse, splits=self.splits, rows=total_q, heads=H, head_dim=d8,
+            oacc, lacc, o, lse, sinks=sinks, splits=self.splits, rows=total_q, heads=H, head_dim=d8,
             o_split=total_q * H * d8, o_row=H * d8, o_head=d8,
             lse_split=H * total_q, lse_rows=total_q, lse_batch=0, lse_head=total_q,
             out_row=_es(o, 0), out_head=_es(o, 1), lse_out_batch=0,
@@ -406,13 +410,13 @@ class DecodePlan:
             self.launch(pointers)
             if self.combine_launch is not None:
                 self.combine_launch({"o_in": oacc, "lse_in": lacc, "o_out": p.out,
-                                     "lse_out": p.softmax_lse})
+                                     "lse_out": p.softmax_lse, "sinks": p.sinks})
             return
         ops = Operands(p, self.compute_dtype)
         args = DECODE_ARGS.new(self._values(ops, oacc, lacc))
         launch_packed(self.kernel, self.grid, (DECODE_THREADS,), args, self.smem)
         if self.splits > 1:
-            cargs = COMBINE_ARGS.new(self._combine_values(ops.o, ops.lse, oacc, lacc))
+            cargs = COMBINE_ARGS.new(self._combine_values(ops.o, ops.lse, oacc, lacc, p.sinks))
             _launch_combine(cargs, self.oacc_shape[1] * self.oacc_shape[2])
         ops.finish()
 
@@ -425,10 +429,11 @@ def run_decode(problem: AttentionProblem, len_q_max=None) -> None:
 
 def combine_values(o_in, lse_in, o_out, lse_out, *, splits, rows, heads, head_dim, o_split, o_row,
                    o_head, lse_split, lse_rows, lse_batch, lse_head, out_row, out_head,
-                   lse_out_batch, lse_out_head, in_type, out_type) -> dict:
-    """The combine kernel's ``fa::CombineParams`` fields (COMBINE_FIELDS names) -> values."""
+                   lse_out_batch, lse_out_head, in_type, out_type, sinks=None) -> dict:
+    """The combine kernel's ``fa::CombineParams`` fields (COMBINE_FIELDS names) -> values.
+    ``sinks``: (heads,) float32 attention sinks of a split call (None: merge_attention_states)."""
     return dict(
-        o_in=o_in, lse_in=lse_in, o_out=o_out, lse_out=lse_out,
+        o_in=o_in, lse_in=lse_in, sinks=sinks, o_out=o_out, lse_out=lse_out,
         o_split_stride=o_split, o_row_stride=o_row, o_head_stride=o_head,
         lse_split_stride=lse_split, lse_batch_stride=lse_batch, lse_head_stride=lse_head,
         out_row_stride=out_row, out_head_stride=out_head,
