@@ -352,40 +352,33 @@ def max_seqlen(name: str, value):
         )
 
 
+def _per_head_float32(name, a, xp, shapes, what, expected, fix):
+    """alibi_slopes / sinks: a float32 array on q's backend, of one of ``shapes``, with a
+    contiguous last dim (the kernels read it with strides in elements)."""
+    same_backend(xp, **{name: a})
+    if np.dtype(a.dtype) != np.float32:
+        raise explain(DTypeError, name, "must have dtype float32", "float32", dtype_name(a.dtype),
+                      f"convert with {name}.astype(numpy.float32)")
+    if tuple(a.shape) not in shapes:
+        raise explain(ShapeError, name, what, expected, _shape(a), fix)
+    last_dim_contiguous(name, a)
+
+
 def alibi_slopes(slopes, xp, batch: int, num_heads: int):
-    if slopes is None:
-        return
-    same_backend(xp, alibi_slopes=slopes)
-    if np.dtype(slopes.dtype) != np.float32:
-        raise explain(
-            DTypeError, "alibi_slopes", "must have dtype float32", "float32", dtype_name(slopes.dtype),
-            "convert with alibi_slopes.astype(numpy.float32)",
-        )
-    if tuple(slopes.shape) not in ((num_heads,), (batch, num_heads)):
-        raise explain(
-            ShapeError, "alibi_slopes", "must have shape (nheads,) or (batch_size, nheads)",
-            f"({num_heads},) or ({batch}, {num_heads})", _shape(slopes),
-            "give one slope per query head (optionally per sequence)",
-        )
-    last_dim_contiguous("alibi_slopes", slopes)
+    if slopes is not None:
+        _per_head_float32(
+            "alibi_slopes", slopes, xp, ((num_heads,), (batch, num_heads)),
+            "must have shape (nheads,) or (batch_size, nheads)",
+            f"({num_heads},) or ({batch}, {num_heads})",
+            "give one slope per query head (optionally per sequence)")
 
 
 def sinks(sinks, xp, num_heads: int):
     """Attention sinks: one float32 logit per query head, on q's device."""
-    if sinks is None:
-        return
-    same_backend(xp, sinks=sinks)
-    if np.dtype(sinks.dtype) != np.float32:
-        raise explain(
-            DTypeError, "sinks", "must have dtype float32", "float32", dtype_name(sinks.dtype),
-            "convert with sinks.astype(numpy.float32)",
-        )
-    if tuple(sinks.shape) != (num_heads,):
-        raise explain(
-            ShapeError, "sinks", "must have one logit per query head", f"({num_heads},)",
-            _shape(sinks), "pass a float32 array of shape (nheads,), e.g. the model's s_aux",
-        )
-    last_dim_contiguous("sinks", sinks)
+    if sinks is not None:
+        _per_head_float32(
+            "sinks", sinks, xp, ((num_heads,),), "must have one logit per query head",
+            f"({num_heads},)", "pass a float32 array of shape (nheads,), e.g. the model's s_aux")
 
 
 # -- paged KV -------------------------------------------------------------------------------
