@@ -160,6 +160,7 @@ _visible_key_range = njit(cache=True)(_rules.visible_key_range)
 _key_visible = njit(cache=True)(_rules.key_visible)
 _logit = njit(cache=True, error_model="numpy")(_rules.logit)
 _page_and_row = njit(cache=True)(_rules.page_and_row)
+_prefix_range_of = njit(cache=True)(_rules.prefix_range_of)
 
 
 @njit(cache=True, fastmath=False, error_model="numpy")
@@ -168,6 +169,7 @@ def _attend_query_tile(
     bidb, bidh, m_start, q_start, seqlen_q, k_start, seqlen_k,
     block_table, page_block_size, num_pages, paged,
     softmax_scale, window_left, window_right, softcap, alibi_slopes, has_alibi, sinks, has_sinks,
+    ranges, has_ranges,
 ):  # fmt: skip
     """Online-softmax attention of query rows ``m_start .. m_start + BLOCK_M - 1`` of sequence
     ``bidb``, head ``bidh``; writes their ``out`` rows and ``softmax_lse`` entries."""
@@ -180,6 +182,18 @@ def _attend_query_tile(
     # Keys any row of this tile may see: [n_lo, n_hi).  Rows further down see further right.
     n_lo, n_hi = _visible_key_range(m_start + shift, m_start + m_rows - 1 + shift, seqlen_k,
                                     window_left, window_right)
+    # Prefix ranges: each row's range (if its diagonal lies in one) widens the keys to visit.
+    row_rs = np.zeros(BLOCK_M, dtype=np.int64)
+    row_re = np.zeros(BLOCK_M, dtype=np.int64)  # row m also sees keys row_rs[m] <= j < row_re[m]
+    if has_ranges:
+        if n_hi <= n_lo:
+            n_lo, n_hi = seqlen_k, 0
+        for m in range(m_rows):
+            rs, re = _prefix_range_of(m_start + m + shift, ranges, bidb)
+            rs, re = max(rs, 0), min(re, seqlen_k)
+            if re > rs:
+                row_rs[m], row_re[m] = rs, re
+                n_lo, n_hi = min(n_lo, rs), max(n_hi, re)
 
     q_tile = np.empty((BLOCK_M, head_dim), dtype=q.dtype)
     for m in range(m_rows):
@@ -233,7 +247,9 @@ def _attend_query_tile(
             diag = m_start + m + shift  # key position aligned with this query row
             for n in range(n_count):
                 key_pos = n_start + n
-                if key_row[n] < 0 or not _key_visible(key_pos, diag, window_left, window_right):
+                in_range = row_rs[m] <= key_pos < row_re[m]
+                if key_row[n] < 0 or not (in_range or _key_visible(key_pos, diag, window_left,
+                                                                    window_right)):
                     scores[m, n] = -np.inf
                     continue
                 scores[m, n] = _logit(scores[m, n], softmax_scale, softcap, slope,
@@ -312,6 +328,7 @@ def _flash_fwd_kernel(
     q_start, len_q, k_start, len_k, num_m_blocks,
     block_table, page_block_size, num_pages, paged,
     softmax_scale, window_left, window_right, softcap, alibi_slopes, has_alibi, sinks, has_sinks,
+    ranges, has_ranges,
 ):  # fmt: skip
     """All (bidb, bidh, m_block) work items in parallel.
 
@@ -334,7 +351,7 @@ def _flash_fwd_kernel(
             bidb, bidh, m_start, q_start[bidb], len_q[bidb], k_start[bidb], len_k[bidb],
             block_table, page_block_size, num_pages, paged,
             softmax_scale, window_left, window_right, softcap, alibi_slopes, has_alibi,
-            sinks, has_sinks,
+            sinks, has_sinks, ranges, has_ranges,
         )  # fmt: skip
 
 
@@ -472,6 +489,10 @@ def run_attention(problem: AttentionProblem) -> None:
     sinks = (_kernel_array(np.asarray(p.sinks, dtype=np.float32), compute_dtype) if has_sinks
              else np.zeros(1, dtype=compute_dtype))  # unused placeholder
 
+    has_ranges = p.mm_prefix_ranges is not None
+    prefix_ranges = (_kernel_array(np.asarray(p.mm_prefix_ranges), np.int64) if has_ranges
+                     else np.zeros((1, 1, 2), dtype=np.int64))  # unused placeholder
+
     # Rows no sequence covers read as 0 / +inf (the reference's convention).
     out = np.zeros((p.total_q, num_heads, head_dim), dtype=compute_dtype)
     softmax_lse = np.full((num_heads, p.total_q), np.inf, dtype=np.float32)
@@ -483,7 +504,7 @@ def run_attention(problem: AttentionProblem) -> None:
         ranges.q_start, ranges.len_q, ranges.k_start, ranges.len_k, num_m_blocks,
         block_table, page_block_size, num_pages, bool(p.paged),
         float(p.softmax_scale), int(p.window_left), int(p.window_right), float(p.softcap),
-        alibi_slopes, has_alibi, sinks, has_sinks,
+        alibi_slopes, has_alibi, sinks, has_sinks, prefix_ranges, has_ranges,
     )  # fmt: skip
 
     p.out[...] = out  # rounds to q's dtype (float16 / bfloat16) where needed

@@ -14,6 +14,9 @@ is the oracle the tests compare both with).
 * Logit: ``s = scale * q.k``; softcap ``c > 0``: ``c * tanh(s / c)``; ALiBi: ``s -= slope *
   |diag - j|``.
 * Paged mapping: key position ``p`` is row ``p % P`` of page ``block_table[b, p // P]``.
+* Prefix ranges (candle's ``mm_prefix_ranges``): ranges ``[start, end)`` of key positions of a
+  sequence, sorted and disjoint; a row whose ``diag`` lies in a range also sees every key of
+  that range, whatever the window says (bidirectional attention inside an image's tokens).
 
 Numba's on-disk cache of ``_backend_cpu`` does not notice edits here: after changing a rule,
 clear ``cupy_flashattn/__pycache__/*.nbi|*.nbc`` (``make clean-cache``).
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["visible_key_range", "key_visible", "logit", "page_and_row"]
+__all__ = ["visible_key_range", "key_visible", "prefix_range_of", "logit", "page_and_row"]
 
 
 def visible_key_range(first_diag: int, last_diag: int, len_k: int, left: int, right: int):
@@ -41,6 +44,17 @@ def key_visible(key_pos: int, diag: int, left: int, right: int) -> bool:
     if right >= 0 and key_pos > diag + right:
         return False
     return True
+
+
+def prefix_range_of(diag: int, ranges, b: int):
+    """``(start, end)`` of the prefix range of sequence ``b`` that holds ``diag``, ``(0, 0)``
+    when none does.  ``ranges``: int ``(B, max_ranges, 2)``; unused entries have start >= end.
+    Keys ``start <= j < end`` are visible to that row on top of its window."""
+    for r in range(ranges.shape[1]):
+        start, end = ranges[b, r, 0], ranges[b, r, 1]
+        if start <= diag < end:
+            return start, end
+    return 0, 0
 
 
 def logit(score: float, scale: float, softcap: float, slope: float, distance: float) -> float:

@@ -30,13 +30,15 @@ class FlashAttention:
         softcap: logit soft cap (0 disables).
         alibi_slopes: float32 ``(H,)`` or ``(B, H)`` (checked against q at call time).
         sinks: float32 ``(H,)`` attention-sink logits (see :func:`flash_attn_func`).
+        mm_prefix_ranges: int32 ``(B, max_ranges, 2)`` (see :func:`flash_attn_func`).
         page_block_size: the page size this model's paged cache uses, or None to read it from
             each cache.
         check: value checks that synchronise with the device (see the functions).
     """
 
     def __init__(self, *, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                 alibi_slopes=None, page_block_size=None, check=None, sinks=None):
+                 alibi_slopes=None, page_block_size=None, check=None, sinks=None,
+                 mm_prefix_ranges=None):
         validate.softmax_scale(softmax_scale)
         validate.window_size(window_size)
         validate.softcap(softcap)
@@ -48,13 +50,15 @@ class FlashAttention:
         self.softcap = float(softcap)
         self.alibi_slopes = alibi_slopes
         self.sinks = sinks
+        self.mm_prefix_ranges = mm_prefix_ranges
         self.page_block_size = page_block_size
         self.check = check
 
     def _options(self):
         return dict(softmax_scale=self.softmax_scale, causal=self.causal,
                     window_size=self.window_size, softcap=self.softcap,
-                    alibi_slopes=self.alibi_slopes, sinks=self.sinks, check=self.check)
+                    alibi_slopes=self.alibi_slopes, sinks=self.sinks,
+                    mm_prefix_ranges=self.mm_prefix_ranges, check=self.check)
 
     def __call__(self, q, k, v, *, return_softmax_lse=False, out=None):
         """Dense attention (:func:`~cupy_flashattn.flash_attn_func`) with this configuration."""
@@ -95,5 +99,5 @@ class FlashAttention:
         return self.page_block_size if paged else None
 
     def __repr__(self):
-        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k not in ("alibi_slopes", "sinks"))
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k not in ("alibi_slopes", "sinks", "mm_prefix_ranges"))
         return f"FlashAttention({fields})"

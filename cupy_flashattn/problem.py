@@ -86,6 +86,10 @@ class AttentionProblem:
     # float32 (H,): per-head sink logit (natural units, not scaled), one more softmax term
     # exp(sinks[h]) with no value vector: out = sum_j p_j v_j / (sum_j p_j + exp(sinks[h] - m))
     sinks: Optional[Any] = None
+    # int32 (B, max_ranges, 2): candle's mm_prefix_ranges, [start, end) key positions per
+    # sequence, sorted and disjoint (unused: start >= end); a query whose diagonal i + shift lies
+    # in a range also sees every key of it (bidirectional image tokens in a causal prompt).
+    mm_prefix_ranges: Optional[Any] = None
 
     # -- scheduling hints --------------------------------------------------------------------
     num_splits: int = 0  # split-KV factor for decode (0 = the backend chooses)

@@ -32,6 +32,7 @@ def attention_ref(
     softcap=0.0,
     alibi_slopes=None,
     sinks=None,
+    mm_prefix_ranges=None,
     return_lse=False,
     upcast=True,
 ):
@@ -43,6 +44,8 @@ def attention_ref(
     sinks: ``(H,)``: one more logit per row (not scaled, not capped) whose value vector is 0:
     the softmax is taken over ``[logits..., sinks[h]]`` and the sink's column dropped, so it only
     adds ``exp(sinks[h])`` to the denominator (and to the LSE).
+    mm_prefix_ranges: ``(R, 2)`` / ``(B, R, 2)`` [start, end) key ranges; query i (at key
+    position ``i + Sk - Sq``) inside a range also sees every key of that range.
     Returns ``out`` in q's dtype (float64 when upcast) and, with ``return_lse``, the natural-log
     LSE ``(H, Sq)`` / ``(B, H, Sq)`` in float64 (+inf for rows that see no key; their output is 0).
 
@@ -55,9 +58,12 @@ def attention_ref(
     q, k, v = _to_numpy(q), _to_numpy(k), _to_numpy(v)
     alibi_slopes = _to_numpy(alibi_slopes)
     sinks = _to_numpy(sinks)
+    ranges = _to_numpy(mm_prefix_ranges)
     batched = q.ndim == 4
     if not batched:
         q, k, v = q[None], k[None], v[None]
+    if ranges is not None and ranges.ndim == 2:
+        ranges = ranges[None]
     if alibi_slopes is not None and alibi_slopes.ndim == 1:
         alibi_slopes = np.broadcast_to(alibi_slopes, (q.shape[0], alibi_slopes.shape[0]))
     B, Sq, H, D = q.shape
@@ -90,6 +96,14 @@ def attention_ref(
         visible &= j >= diag - left
     if right >= 0:
         visible &= j <= diag + right
+    visible = np.broadcast_to(visible, (B, 1, Sq, Sk))
+    if ranges is not None:  # bidirectional inside each range, for the queries it holds
+        extra = np.zeros((B, 1, Sq, Sk), dtype=bool)
+        for b in range(B):
+            for start, end in ranges[b]:
+                if start < end:
+                    extra[b, 0] |= ((diag >= start) & (diag < end)) & ((j >= start) & (j < end))
+        visible = visible | extra
     scores = np.where(visible, scores, -np.inf)
     row_max = scores.max(axis=-1, keepdims=True) if Sk > 0 else np.full((B, H, Sq, 1), -np.inf)
     sink = None
@@ -171,6 +185,7 @@ def problem_ref(problem, upcast=True):
             softcap=p.softcap,
             alibi_slopes=None if alibi is None else alibi[b],
             sinks=_to_numpy(p.sinks),
+            mm_prefix_ranges=None if p.mm_prefix_ranges is None else _to_numpy(p.mm_prefix_ranges)[b],
             return_lse=True,
             upcast=upcast,
         )

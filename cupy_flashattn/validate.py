@@ -381,6 +381,45 @@ def sinks(sinks, xp, num_heads: int):
             f"({num_heads},)", "pass a float32 array of shape (nheads,), e.g. the model's s_aux")
 
 
+def prefix_ranges(ranges, xp, batch: int):
+    """candle's mm_prefix_ranges: int32 ``(B, max_ranges, 2)`` of [start, end) key positions,
+    on the CPU backend for now.  Values (NumPy): starts >= 0, the used ranges (start < end) of a
+    sequence sorted and disjoint."""
+    if ranges is None:
+        return
+    same_backend(xp, mm_prefix_ranges=ranges)
+    if xp is not np:
+        raise explain(
+            UnsupportedError, "mm_prefix_ranges", "is not yet supported by the CUDA kernels",
+            "NumPy arrays (the CPU backend)", "CuPy arrays",
+            "run this call on NumPy arrays, or drop mm_prefix_ranges (the CUDA path is the next "
+            "step of issue 13)",
+        )
+    if np.dtype(ranges.dtype) != np.int32:
+        raise explain(DTypeError, "mm_prefix_ranges", "must have dtype int32", "int32",
+                      dtype_name(ranges.dtype), "convert with mm_prefix_ranges.astype(numpy.int32)")
+    if ranges.ndim != 3 or ranges.shape[0] != batch or ranges.shape[2] != 2:
+        raise explain(ShapeError, "mm_prefix_ranges", "must hold [start, end) pairs per sequence",
+                      f"(B={batch}, max_ranges, 2)", _shape(ranges),
+                      "pass an int32 array (batch, max_ranges, 2); unused entries start >= end")
+    r = np.asarray(ranges).astype(np.int64)
+    used = r[..., 0] < r[..., 1]
+    bad = used & (r[..., 0] < 0)
+    if bad.any():
+        b, i = (int(x) for x in np.argwhere(bad)[0])
+        raise explain(SeqlenError, "mm_prefix_ranges", f"range {i} of sequence {b} starts before key 0",
+                      "start >= 0", int(r[b, i, 0]), "give key positions of the sequence, from 0")
+    for b in range(r.shape[0]):
+        spans = r[b][used[b]]
+        order = np.argsort(spans[:, 0], kind="stable")
+        if (order != np.arange(len(order))).any() or (spans[1:, 0] < spans[:-1, 1]).any():
+            raise explain(
+                ArgumentError, "mm_prefix_ranges", f"the ranges of sequence {b} overlap or are unsorted",
+                "used ranges in increasing order, each starting at or after the previous end",
+                spans.tolist(), "sort the ranges by start and merge overlapping ones",
+            )
+
+
 # -- paged KV -------------------------------------------------------------------------------
 
 
