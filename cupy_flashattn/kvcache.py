@@ -26,7 +26,7 @@ from .errors import (
     UnsupportedError,
     explain,
 )
-from .validate import MAX_HEAD_DIM, writable
+from .validate import MAX_HEAD_DIM, gpu_head_dim, writable
 
 __all__ = ["PagedKVCache", "DecodeSteps"]
 
@@ -77,8 +77,7 @@ def _head_dim(value) -> int:
         # and filled.
         raise explain(
             UnsupportedError, "head_dim",
-            f"head dims above {MAX_HEAD_DIM} are not supported yet (the attention kernels are "
-            f"instantiated for 1 <= head_dim <= {MAX_HEAD_DIM}, flash-attn's limit too)",
+            f"head dims above {MAX_HEAD_DIM} are not supported (candle's paged limit)",
             f"1 <= head_dim <= {MAX_HEAD_DIM}", head_dim,
             "split each head into several heads of at most "
             f"{MAX_HEAD_DIM} dims (e.g. num_heads_k * 2 heads of head_dim // 2), or project to a "
@@ -173,6 +172,8 @@ class PagedKVCache:
         )
         self._dtype = _cache_dtype(dtype)
         self._xp = _array_library(xp)
+        # Refused here rather than at the first attention call, after the pools were filled.
+        gpu_head_dim(head_dim, self._xp is not np, "head_dim")
         shape = (self._num_blocks, self._page_block_size, num_heads_k, head_dim)
         self.k_pages = self._xp.zeros(shape, dtype=self._dtype)
         self.v_pages = self._xp.zeros(shape, dtype=self._dtype)

@@ -33,7 +33,10 @@ from .errors import (
 )
 
 #: Largest head dim the kernels are instantiated for (flash-attn's limit too).
-MAX_HEAD_DIM = 256
+#: Head dims every entry point accepts (candle's paged limit); the CUDA kernels are instantiated
+#: up to MAX_GPU_HEAD_DIM (flash-attn's limit), the CPU backend takes any of them.
+MAX_HEAD_DIM = 512
+MAX_GPU_HEAD_DIM = 256
 
 #: Largest window side: the kernels take it as a 32-bit int (as flash-attn's C++ does); any side
 #: longer than the longest sequence already means "unlimited", so nothing is lost.
@@ -226,6 +229,20 @@ def head_dims(q, k, v):
             UnsupportedError, "q", f"FlashAttention forward only supports head dimension at most {MAX_HEAD_DIM}",
             f"1 <= head_dim <= {MAX_HEAD_DIM}", D,
             "split the head dim into several heads, or project to a smaller head dim",
+        )
+    gpu_head_dim(D, not isinstance(q, np.ndarray), "q")
+
+
+def gpu_head_dim(D: int, on_gpu: bool, name: str):
+    """The CUDA kernels' head-dim limit (MAX_GPU_HEAD_DIM); the CPU backend goes to 512."""
+    if on_gpu and D > MAX_GPU_HEAD_DIM:
+        raise explain(
+            UnsupportedError, name,
+            f"head dims above {MAX_GPU_HEAD_DIM} run on the CPU backend only for now (the CUDA "
+            f"kernels are instantiated up to {MAX_GPU_HEAD_DIM})",
+            f"1 <= head_dim <= {MAX_GPU_HEAD_DIM} with CuPy arrays", D,
+            "use NumPy arrays (the CPU backend) for this head dim, or split each head into "
+            f"heads of at most {MAX_GPU_HEAD_DIM} dims",
         )
 
 

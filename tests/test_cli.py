@@ -153,8 +153,8 @@ def test_bench_cpu_compares_with_numpy_float32_and_pool_sizes():
     (["--seqlen", "0"], "--seqlen: 0 is out of range"),
     (["--seqlen", "-5"], "--seqlen: -5 is out of range"),
     (["--seqlen", "abc"], "--seqlen: 'abc' is not an int"),
-    (["--head-dim", "0"], "--head-dim: 0 is out of range: the head dim must be in 1..256"),
-    (["--head-dim", "300"], "--head-dim: 300 is out of range"),
+    (["--head-dim", "0"], "--head-dim: 0 is out of range: the head dim must be in 1..512"),
+    (["--head-dim", "600"], "--head-dim: 600 is out of range"),
     (["--repeats", "0"], "--repeats: 0 is out of range: the number of timed runs must be >= 1"),
     (["--pool-pages", "0"], "--pool-pages: 0 is out of range"),
 ])

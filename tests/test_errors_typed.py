@@ -98,10 +98,10 @@ def test_head_dim_zero(no_work):
         fa.flash_attn_func(q, k, v)
 
 
-def test_head_dim_above_256_still_says_at_most(no_work):
-    q, k, v = (np.zeros((1, 3, 4, 300), np.float32), np.zeros((1, 5, 2, 300), np.float32),
-               np.zeros((1, 5, 2, 300), np.float32))
-    with typed(errors.UnsupportedError, "at most 256", "300"):
+def test_head_dim_above_512_still_says_at_most(no_work):
+    q, k, v = (np.zeros((1, 3, 4, 600), np.float32), np.zeros((1, 5, 2, 600), np.float32),
+               np.zeros((1, 5, 2, 600), np.float32))
+    with typed(errors.UnsupportedError, "at most 512", "600"):
         fa.flash_attn_func(q, k, v)
 
 
@@ -174,10 +174,10 @@ def test_seqused_within_unit():
 # -- PagedKVCache head_dim ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("head_dim", [257, 512])
-def test_paged_kv_cache_head_dim_above_256(head_dim):
-    """PagedKVCache(head_dim=512) was accepted and failed only at attention time."""
-    with typed(errors.UnsupportedError, "head_dim", "not supported yet", "256", str(head_dim)):
+@pytest.mark.parametrize("head_dim", [513, 1024])
+def test_paged_kv_cache_head_dim_above_512(head_dim):
+    """PagedKVCache(head_dim=1024) is refused at construction, not at attention time."""
+    with typed(errors.UnsupportedError, "head_dim", "not supported", "512", str(head_dim)):
         fa.PagedKVCache(4, 16, 2, head_dim, np.float32)
 
 

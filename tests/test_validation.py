@@ -133,8 +133,8 @@ def test_head_dim_mismatch():
 
 
 def test_head_dim_too_large():
-    q, k, v = dense(D=264, B=1, Sq=1, Sk=1)
-    with raises(errors.UnsupportedError, "head dimension at most 256", "264"):
+    q, k, v = dense(D=520, B=1, Sq=1, Sk=1)
+    with raises(errors.UnsupportedError, "head dimension at most 512", "520"):
         fa.flash_attn_func(q, k, v)
 
 
