@@ -178,3 +178,16 @@ def test_bad_sinks_get_a_typed_error(bad, cls, fragments):
     q = randn(rng, (1, 4, 8, 32), np.float32)
     with raises_explained(cls, *fragments):
         fa.flash_attn_func(q, q[:, :, :2], q[:, :, :2], sinks=bad(np))
+
+
+@pytest.mark.parametrize("xp_name", XPS)
+def test_no_key_at_all_gives_zero_and_the_sink_as_lse(xp_name):
+    """k/v of no row: nothing is launched, and every row is the sink's alone (out 0, LSE sink)."""
+    xp = _xp(xp_name)
+    rng = np.random.default_rng(4)
+    q = xp.asarray(randn(rng, (2, 3, 4, 32), np.float16))
+    kv = xp.zeros((2, 0, 2, 32), np.float16)
+    sinks = _sinks(rng, 4)
+    out, lse = fa.flash_attn_func(q, kv, kv, sinks=xp.asarray(sinks), return_softmax_lse=True)
+    assert (to_np(out) == 0).all()
+    np.testing.assert_array_equal(to_np(lse), np.broadcast_to(sinks[None, :, None], (2, 4, 3)))
