@@ -66,11 +66,27 @@ def _randn(rng, shape, dtype):
     return rng.standard_normal(shape).astype(dtype)
 
 
-def _problem(rng, q, k, v, batch_size, *, alibi=False, scale_factor=1.0, **fields):
-    """An AttentionProblem with NaN-poisoned out / softmax_lse and the given fields."""
+def _prefix_ranges(rng, batch_size, max_key=45, max_ranges=2):
+    """Random sorted, disjoint [start, end) key ranges per sequence (some unused: (0, 0))."""
+    out = np.zeros((batch_size, max_ranges, 2), np.int32)
+    for b in range(batch_size):
+        cuts = np.sort(rng.choice(max_key, size=2 * max_ranges, replace=False))
+        used = rng.integers(0, max_ranges + 1)
+        out[b, :used] = cuts.reshape(max_ranges, 2)[:used]
+    return out
+
+
+def _problem(rng, q, k, v, batch_size, *, alibi=False, scale_factor=1.0, sinks=False,
+             prefix=False, **fields):
+    """An AttentionProblem with NaN-poisoned out / softmax_lse and the given fields (``sinks``,
+    ``prefix``: random attention sinks / mm_prefix_ranges)."""
     total_q, heads, head_dim = q.shape
     if alibi:
         fields["alibi_slopes"] = rng.uniform(0.01, 1.0, (batch_size, heads)).astype(np.float32)
+    if sinks:
+        fields["sinks"] = rng.uniform(-2.0, 3.0, heads).astype(np.float32)
+    if prefix:
+        fields["mm_prefix_ranges"] = _prefix_ranges(rng, batch_size)
     fields.setdefault("softmax_scale", scale_factor / np.sqrt(head_dim))
     return AttentionProblem(
         q=q,
@@ -418,6 +434,8 @@ def small_problems(draw):
         softcap=draw(st.sampled_from([0.0, 0.0, 1.5])),
         alibi=draw(st.booleans()),
         scale_factor=draw(st.sampled_from([0.5, 1.0, 2.0])),
+        sinks=draw(st.booleans()),
+        prefix=draw(st.booleans()),
     )
     geometry = dict(heads=heads, heads_k=heads_k, head_dim=head_dim, dtype=dtype, **masks)
     batch = draw(st.integers(1, 3))
