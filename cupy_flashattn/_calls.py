@@ -177,7 +177,8 @@ class DenseCall(_Call):
         keep_lse = self.return_lse or self.attn_probs
         lse = self._lse_buffer(self.q_rows[0], keep_lse)
         result = self._run_token_rows(q, k, v, out, lse, self.k_rows,
-                                      alibi_slopes=self._alibi(alibi_slopes), sinks=sinks, mm_prefix_ranges=mm_prefix_ranges)
+                                      alibi_slopes=self._alibi(alibi_slopes), sinks=sinks,
+                                      mm_prefix_ranges=mm_prefix_ranges)
         if not keep_lse:
             return result
         lse = self._lse_per_batch(lse)
@@ -200,7 +201,8 @@ class VarlenCall(_Call):
         lse = self._lse_buffer(q.shape[0], self.return_lse or self.attn_probs)
         self._run(q=q, k=k, v=v, out=out_rows, softmax_lse=lse, cu_seqlens_q=cu_seqlens_q,
                   cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, block_table=block_table,
-                  alibi_slopes=self._alibi(alibi_slopes), sinks=sinks, mm_prefix_ranges=mm_prefix_ranges)
+                  alibi_slopes=self._alibi(alibi_slopes), sinks=sinks,
+                  mm_prefix_ranges=mm_prefix_ranges)
         if self.attn_probs:
             return out_rows, lse, None
         return (out_rows, lse) if self.return_lse else out_rows
@@ -231,7 +233,8 @@ class KVCacheCall(_Call):
         self.rope_plans: dict = {}  # the rotary/append kernel's launch plans (CuPy)
 
     def execute(self, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                cache_batch_idx, cache_leftpad, block_table, alibi_slopes, sinks, mm_prefix_ranges, out):
+                cache_batch_idx, cache_leftpad, block_table, alibi_slopes, sinks,
+                mm_prefix_ranges, out):
         seqlens = self.seqlens if self.seqlens is not None else cache_seqlens
         if k is not None and not self.no_keys:
             q = rotary_ops.rotate_and_append(

@@ -219,15 +219,19 @@ def flash_attn_func(
                      return_softmax_lse, check, _default_check()))
     call = CALLS.get(key) if key is not None else None
     if call is None:
-        q, k, v, alibi_slopes, sinks, mm_prefix_ranges, out = (adopt(a) for a in (q, k, v, alibi_slopes, sinks, mm_prefix_ranges, out))
+        q, k, v, alibi_slopes, sinks, mm_prefix_ranges, out = (adopt(a) for a in (q, k, v,
+                                                               alibi_slopes, sinks,
+                                                               mm_prefix_ranges, out))
         call = _prepare_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                              alibi_slopes, sinks, mm_prefix_ranges, return_attn_probs, return_softmax_lse, out)
+                              alibi_slopes, sinks, mm_prefix_ranges, return_attn_probs,
+                              return_softmax_lse, out)
         if key is not None:
             CALLS.put(key, call)
     return call.execute(q, k, v, alibi_slopes, sinks, mm_prefix_ranges, out)
 
 
-def _prepare_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks, mm_prefix_ranges,
+def _prepare_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                   sinks, mm_prefix_ranges,
                    return_attn_probs, return_softmax_lse, out) -> DenseCall:
     """Every check of flash_attn_func (none needs a device sync), lowered to a DenseCall."""
     xp, q, k, v = _common_checks(q, k, v, dropout_p, softmax_scale, window_size, softcap)
@@ -244,13 +248,15 @@ def _prepare_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softc
     _check_output(xp, q, out, (B * Sq, H, D))
     fields = dict(
         batch_size=B, seqlen_q=Sq, seqlen_k=Sk, max_seqlen_q=Sq, max_seqlen_k=Sk,
-        **_logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, sinks, mm_prefix_ranges, B, H),
+        **_logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, sinks,
+        mm_prefix_ranges, B, H),
     )
     return DenseCall(xp, fields, H, D, return_softmax_lse, return_attn_probs, tuple(q.shape),
                      tuple(k.shape))
 
 
-def _logits(xp, softmax_scale, head_dim, left, right, softcap, alibi_slopes, sinks, mm_prefix_ranges, batch, num_heads):
+def _logits(xp, softmax_scale, head_dim, left, right, softcap, alibi_slopes, sinks,
+            mm_prefix_ranges, batch, num_heads):
     """The AttentionProblem fields of the logit transform and mask, shared by every entry point
     (the slopes are validated here and passed per call: see ``_calls._Call._alibi``)."""
     validate.alibi_slopes(alibi_slopes, xp, batch, num_heads)
@@ -336,11 +342,13 @@ def flash_attn_varlen_func(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
             page_block_size, seqused_k, seq_ids,
             dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
-            window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, mm_prefix_ranges=mm_prefix_ranges,
+            window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+            mm_prefix_ranges=mm_prefix_ranges,
             deterministic=deterministic, return_attn_probs=return_attn_probs,
             return_softmax_lse=return_softmax_lse, out=out, check=check,
         )
-    key = signature((q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, sinks, mm_prefix_ranges, out),
+    key = signature((q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
+                    sinks, mm_prefix_ranges, out),
                     (max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
                      softcap, return_attn_probs, page_block_size, return_softmax_lse, check,
                      _default_check()))
@@ -351,7 +359,8 @@ def flash_attn_varlen_func(
                                alibi_slopes, sinks, mm_prefix_ranges, out))
         call = _prepare_varlen(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-            softmax_scale, causal, window_size, softcap, alibi_slopes, sinks, mm_prefix_ranges, return_attn_probs,
+            softmax_scale, causal, window_size, softcap, alibi_slopes, sinks, mm_prefix_ranges,
+            return_attn_probs,
             block_table, page_block_size, seqused_k, return_softmax_lse, out, check)
         if key is not None:
             CALLS.put(key, call)
@@ -360,7 +369,8 @@ def flash_attn_varlen_func(
 
 
 def _prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-                    softmax_scale, causal, window_size, softcap, alibi_slopes, sinks, mm_prefix_ranges, return_attn_probs,
+                    softmax_scale, causal, window_size, softcap, alibi_slopes, sinks,
+                    mm_prefix_ranges, return_attn_probs,
                     block_table, page_block_size, seqused_k, return_softmax_lse, out,
                     check) -> VarlenCall:
     """Every check of flash_attn_varlen_func (value checks only with ``check``/on NumPy),
@@ -404,7 +414,8 @@ def _prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     fields = dict(
         batch_size=B, seqlen_q=0, seqlen_k=0, max_seqlen_q=int(max_seqlen_q),
         max_seqlen_k=int(max_seqlen_k), page_block_size=P,
-        **_logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, sinks, mm_prefix_ranges, B, H),
+        **_logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, sinks,
+        mm_prefix_ranges, B, H),
     )
     key_rows = int(k.shape[0]) * (P if paged else 1)
     return VarlenCall(xp, fields, H, D, return_softmax_lse, return_attn_probs,
@@ -517,19 +528,22 @@ def flash_attn_with_kvcache(
         return _kvcache_from_cache(
             k_cache, q, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
-            rotary_interleaved, alibi_slopes, sinks, mm_prefix_ranges, num_splits, return_softmax_lse, page_block_size,
+            rotary_interleaved, alibi_slopes, sinks, mm_prefix_ranges, num_splits,
+            return_softmax_lse, page_block_size,
             seq_ids, out, check,
         )
     return _with_kvcache_arrays(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
-        rotary_interleaved, alibi_slopes, sinks, mm_prefix_ranges, num_splits, return_softmax_lse, page_block_size, out,
+        rotary_interleaved, alibi_slopes, sinks, mm_prefix_ranges, num_splits,
+        return_softmax_lse, page_block_size, out,
         check)
 
 
 def _with_kvcache_arrays(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                          cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-                         window_size, softcap, rotary_interleaved, alibi_slopes, sinks, mm_prefix_ranges, num_splits,
+                         window_size, softcap, rotary_interleaved, alibi_slopes, sinks,
+                         mm_prefix_ranges, num_splits,
                          return_softmax_lse, page_block_size, out, check,
                          cache_names=("k_cache", "v_cache"), rotary_covers_capacity=True):
     """flash_attn_with_kvcache on arrays: the call cache, else full validation first.
@@ -549,23 +563,27 @@ def _with_kvcache_arrays(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cach
         arrays = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lens_array, cache_batch_idx,
                   cache_leftpad, block_table, alibi_slopes, sinks, mm_prefix_ranges, out)
         (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lens_array, cache_batch_idx,
-         cache_leftpad, block_table, alibi_slopes, sinks, mm_prefix_ranges, out) = (adopt(a) for a in arrays)
+         cache_leftpad, block_table, alibi_slopes, sinks, mm_prefix_ranges,
+         out) = (adopt(a) for a in arrays)
         call = _prepare_kvcache(
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
             lens_int if lens_int is not None else lens_array, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved,
-            alibi_slopes, sinks, mm_prefix_ranges, num_splits, return_softmax_lse, page_block_size, out, check,
+            alibi_slopes, sinks, mm_prefix_ranges, num_splits, return_softmax_lse,
+            page_block_size, out, check,
             cache_names=cache_names, rotary_covers_capacity=rotary_covers_capacity,
         )
         if key is not None:
             CALLS.put(key, call)
     return call.execute(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lens_array,
-                        cache_batch_idx, cache_leftpad, block_table, alibi_slopes, sinks, mm_prefix_ranges, out)
+                        cache_batch_idx, cache_leftpad, block_table, alibi_slopes, sinks,
+                        mm_prefix_ranges, out)
 
 
 def _prepare_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                      cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-                     window_size, softcap, rotary_interleaved, alibi_slopes, sinks, mm_prefix_ranges, num_splits,
+                     window_size, softcap, rotary_interleaved, alibi_slopes, sinks,
+                     mm_prefix_ranges, num_splits,
                      return_softmax_lse, page_block_size, out, check,
                      cache_names=("k_cache", "v_cache"),
                      rotary_covers_capacity=True) -> KVCacheCall:
@@ -653,7 +671,8 @@ def _prepare_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
                     capacity if rotary_covers_capacity and rotary_cos is not None else None)
     left, right = _mask(causal, window_size)
     _check_output(xp, q, out, (B * Sq, H, D))
-    logits = _logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, sinks, mm_prefix_ranges, B, H)
+    logits = _logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, sinks,
+                     mm_prefix_ranges, B, H)
 
     if full:
         validate.kvcache_values(seqlens, S_new, capacity, rotary_cos, cache_batch_idx,
@@ -690,7 +709,8 @@ def _cache_seqlens(cache_seqlens, xp, batch, capacity):
 
 def _kvcache_from_cache(cache, q, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                         cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-                        window_size, softcap, rotary_interleaved, alibi_slopes, sinks, mm_prefix_ranges, num_splits,
+                        window_size, softcap, rotary_interleaved, alibi_slopes, sinks,
+                        mm_prefix_ranges, num_splits,
                         return_softmax_lse, page_block_size, seq_ids, out, check):
     """flash_attn_with_kvcache on a PagedKVCache: reserve pages for the new tokens
     (CacheExhaustedError before anything changes), then run the ordinary paged call -- fully
@@ -703,7 +723,8 @@ def _kvcache_from_cache(cache, q, v_cache, k, v, rotary_cos, rotary_sin, cache_s
     validate.page_block_size(page_block_size, cache.k_pages)
     seq_ids = list(cache.seq_ids) if seq_ids is None else list(seq_ids)
     q, k, v, rotary_cos, rotary_sin, alibi_slopes, sinks, mm_prefix_ranges, out = (
-        adopt(a) for a in (q, k, v, rotary_cos, rotary_sin, alibi_slopes, sinks, mm_prefix_ranges, out))
+        adopt(a) for a in (q, k, v, rotary_cos, rotary_sin, alibi_slopes, sinks,
+        mm_prefix_ranges, out))
     validate.same_library(q=q, k_cache=cache.k_pages)
     validate.rank("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     B = int(q.shape[0])
@@ -728,6 +749,7 @@ def _kvcache_from_cache(cache, q, v_cache, k, v, rotary_cos, rotary_sin, cache_s
         table, before = cache._step_tables(seqs)
         return _with_kvcache_arrays(
             q, cache.k_pages, cache.v_pages, k, v, rotary_cos, rotary_sin, before, None, None,
-            table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, sinks, mm_prefix_ranges,
+            table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes,
+            sinks, mm_prefix_ranges,
             num_splits, return_softmax_lse, None, out, check,
             cache_names=("cache.k_pages", "cache.v_pages"), rotary_covers_capacity=False)

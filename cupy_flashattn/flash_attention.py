@@ -99,5 +99,7 @@ class FlashAttention:
         return self.page_block_size if paged else None
 
     def __repr__(self):
-        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k not in ("alibi_slopes", "sinks", "mm_prefix_ranges"))
+        fields = ", ".join(f"{k}={v!r}" for k,
+                           v in vars(self).items() if k not in ("alibi_slopes", "sinks",
+                           "mm_prefix_ranges"))
         return f"FlashAttention({fields})"
