@@ -183,8 +183,9 @@ def _attend_query_tile(
     n_lo, n_hi = _visible_key_range(m_start + shift, m_start + m_rows - 1 + shift, seqlen_k,
                                     window_left, window_right)
     # Prefix ranges: each row's range (if its diagonal lies in one) widens the keys to visit.
-    row_rs = np.zeros(BLOCK_M, dtype=np.int64)
-    row_re = np.zeros(BLOCK_M, dtype=np.int64)  # row m also sees keys row_rs[m] <= j < row_re[m]
+    # Row m also sees keys row_rs[m] <= j < row_re[m] (only read when has_ranges).
+    row_rs = np.zeros(BLOCK_M if has_ranges else 1, dtype=np.int64)
+    row_re = np.zeros(BLOCK_M if has_ranges else 1, dtype=np.int64)
     if has_ranges:
         if n_hi <= n_lo:
             n_lo, n_hi = seqlen_k, 0
@@ -245,13 +246,16 @@ def _attend_query_tile(
         # Logits: scale, softcap, ALiBi; then mask invisible keys to -inf.
         for m in range(m_rows):
             diag = m_start + m + shift  # key position aligned with this query row
+            # This row's prefix range (empty without ranges: range_start = range_end = 0).
+            range_start = row_rs[m] if has_ranges else 0
+            range_end = row_re[m] if has_ranges else 0
             for n in range(n_count):
                 key_pos = n_start + n
-                in_range = row_rs[m] <= key_pos < row_re[m]
-                if key_row[n] < 0 or not (in_range or _key_visible(key_pos, diag, window_left,
-                                                                    window_right)):
-                    scores[m, n] = -np.inf
-                    continue
+                if key_row[n] < 0 or not _key_visible(key_pos, diag, window_left, window_right):
+                    # Outside the window: still visible inside the row's prefix range.
+                    if key_row[n] < 0 or not range_start <= key_pos < range_end:
+                        scores[m, n] = -np.inf
+                        continue
                 scores[m, n] = _logit(scores[m, n], softmax_scale, softcap, slope,
                                       abs(diag - key_pos))
 
