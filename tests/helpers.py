@@ -26,6 +26,11 @@ def require_nvrtc() -> None:
                     allow_module_level=True)
 
 
+def cu_seqlens(lengths) -> np.ndarray:
+    """int32 ``(B+1,)`` cumulative lengths from 0: flash-attn's ``cu_seqlens`` of ``lengths``."""
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+
+
 def randn(rng, shape, dtype):
     return rng.standard_normal(shape).astype(dtype)
 

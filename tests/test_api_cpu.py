@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import cupy_flashattn as fa
-from helpers import BF16, DTYPES, assert_lse_close, assert_within_bound, randn, ref_and_naive, rotary_ref
+from helpers import cu_seqlens, BF16, DTYPES, assert_lse_close, assert_within_bound, randn, ref_and_naive, rotary_ref
 
 
 def _poisoned(shape, dtype):
@@ -60,8 +60,8 @@ def test_fully_masked_rows_give_zero_and_inf_lse():
 
 
 def _varlen_batch(rng, lens_q, lens_k, H, Hk, D, dtype):
-    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
-    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    cu_q = cu_seqlens(lens_q)
+    cu_k = cu_seqlens(lens_k)
     q = randn(rng, (int(cu_q[-1]), H, D), dtype)
     k = randn(rng, (int(cu_k[-1]), Hk, D), dtype)
     v = randn(rng, (int(cu_k[-1]), Hk, D), dtype)
@@ -232,7 +232,7 @@ def test_paged_cache_inference_loop():
     ids = [cache.add_sequence() for _ in lens]
     history_k = {i: randn(rng, (n, Hk, D), dtype) for i, n in zip(ids, lens)}
     history_v = {i: randn(rng, (n, Hk, D), dtype) for i, n in zip(ids, lens)}
-    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    cu = cu_seqlens(lens)
     cache.append(ids, np.concatenate([history_k[i] for i in ids]), np.concatenate([history_v[i] for i in ids]), cu_seqlens=cu)
     # prefill attention over the cache (varlen, causal)
     q = randn(rng, (int(cu[-1]), H, D), dtype)

@@ -29,6 +29,8 @@ from cupy_flashattn._backend_cpu import resolve_sequences, run_attention
 from cupy_flashattn.problem import AttentionProblem, resolve_sequence
 from cupy_flashattn.reference import problem_ref
 
+from helpers import cu_seqlens
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 DTYPES = [F16, BF16, F32, F64]
@@ -112,8 +114,7 @@ def make_dense(seed, *, batch, seqlen_q, seqlen_k, heads, heads_k, head_dim, dty
     )  # fmt: skip
 
 
-def _cu_seqlens(lengths):
-    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+_cu_seqlens = cu_seqlens  # (tests/helpers.py)
 
 
 def make_varlen(seed, *, lens_q, lens_k, heads, heads_k, head_dim, dtype, **masks):

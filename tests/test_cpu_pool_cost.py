@@ -20,6 +20,8 @@ import cupy_flashattn as fa
 from cupy_flashattn import _backend_cpu
 from cupy_flashattn.reference import attention_ref
 
+from helpers import cu_seqlens
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 H, HK, D, P = 4, 2, 32, 16
 
@@ -34,7 +36,7 @@ def _cache(num_blocks, dtype=BF16, lengths=(40, 7, 100), seed=0, skip_pages=0):
         filler = np.ones((1, skip_pages * P, HK, D), dtype)
         cache.append([cache.add_sequence()], filler, filler)
     ids = [cache.add_sequence() for _ in lengths]
-    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    cu = cu_seqlens(lengths)
     k = rng.standard_normal((int(cu[-1]), HK, D)).astype(dtype)
     v = rng.standard_normal((int(cu[-1]), HK, D)).astype(dtype)
     cache.append(ids, k, v, cu_seqlens=cu)

@@ -29,7 +29,7 @@ import cupy_flashattn as fa
 from cupy_flashattn import _backend_cpu, _calls, errors
 from cupy_flashattn.problem import AttentionProblem
 from cupy_flashattn.reference import attention_ref
-from helpers import BF16, assert_within_bound, randn, ref_and_naive, scatter_into_pages, to_np
+from helpers import cu_seqlens, BF16, assert_within_bound, randn, ref_and_naive, scatter_into_pages, to_np
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 #: dtypes both backends accept (float64 is CPU only: see CPU_DTYPES)
@@ -109,8 +109,7 @@ def assert_matches(out, lse, q, k, v, dtype, **kw):
     np.testing.assert_allclose(lse[finite], ref_lse[finite], **LSE_TOL)
 
 
-def cu(lengths):
-    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+cu = cu_seqlens  # (tests/helpers.py)
 
 
 # --------------------------------------------------------------------------------------------

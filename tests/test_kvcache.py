@@ -18,6 +18,8 @@ from cupy_flashattn.errors import (
 )
 from cupy_flashattn.kvcache import PagedKVCache
 
+from helpers import cu_seqlens
+
 HK, D = 2, 8
 
 
@@ -141,7 +143,7 @@ def test_varlen_append():
     ids = [cache.add_sequence() for _ in range(4)]
     expected = {i: [np.zeros((0, HK, D), np.float32)] * 2 for i in ids}
     for counts in ([3, 0, 9, 4], [1, 1, 0, 5], [0, 0, 0, 0], [4, 7, 2, 1]):
-        cu = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+        cu = cu_seqlens(counts)
         k, v = _tokens(rng, int(cu[-1]), HK, D), _tokens(rng, int(cu[-1]), HK, D)
         # Alternate a list and an int32 array for cu_seqlens: both are host sequences.
         cache.append(ids, k, v, cu_seqlens=cu if counts[0] % 2 else cu.tolist())

@@ -9,7 +9,7 @@ import pytest
 import cupy_flashattn as fa
 from cupy_flashattn import errors
 
-from helpers import BF16, assert_within_bound, raises_explained, randn, ref_and_naive, scatter_into_pages
+from helpers import cu_seqlens, BF16, assert_within_bound, raises_explained, randn, ref_and_naive, scatter_into_pages
 
 
 @pytest.mark.parametrize("D", [264, 320, 384, 448, 512])
@@ -29,7 +29,7 @@ def test_paged_varlen_and_kv_cache_large_head_dims(D, P):
     ks = [randn(rng, (n, Hk, D), dt) for n in lens]
     vs = [randn(rng, (n, Hk, D), dt) for n in lens]
     k, v, table = scatter_into_pages(rng, ks, vs, P, dt)
-    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    cu = cu_seqlens(lens)
     out = fa.flash_attn_varlen_func(np.concatenate(qs), k, v, cu, cu, max(lens), max(lens),
                                     causal=True, block_table=table)
     for b in range(2):

@@ -28,7 +28,7 @@ import pytest
 from cupy_flashattn.merge import merge_attention_states
 from cupy_flashattn.problem import AttentionProblem, resolve_sequence
 from cupy_flashattn.reference import attention_ref, problem_ref
-from helpers import BF16, EPS, randn, scatter_into_pages, to_np
+from helpers import cu_seqlens, BF16, EPS, randn, scatter_into_pages, to_np
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 DTYPES = [F16, BF16, F32, F64]
@@ -46,8 +46,7 @@ def seed_of(*parts) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def _cu(lengths):
-    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+_cu = cu_seqlens  # (tests/helpers.py)
 
 
 def build(seed, *, layout, dtype, lens_q, lens_k, H=4, Hk=2, D=64, causal=False,

@@ -11,7 +11,7 @@ import cupy_flashattn as fa
 from cupy_flashattn import errors
 from cupy_flashattn.reference import attention_ref
 
-from helpers import BF16, assert_within_bound, raises_explained, randn, ref_and_naive, scatter_into_pages, to_np
+from helpers import cu_seqlens, BF16, assert_within_bound, raises_explained, randn, ref_and_naive, scatter_into_pages, to_np
 
 
 def _ranges(spans_per_seq, max_ranges=3):
@@ -48,7 +48,7 @@ def test_varlen_and_paged_ranges_crossing_pages(P):
     ks = [randn(rng, (n, Hk, D), dt) for n in lens]
     vs = [randn(rng, (n, Hk, D), dt) for n in lens]
     ranges = _ranges([[(10, 40)], [(0, 20), (45, 100)]])  # 45..100 crosses pages of 16 and 48
-    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    cu = cu_seqlens(lens)
     kw = {}
     if P:
         k, v, table = scatter_into_pages(rng, ks, vs, P, dt)

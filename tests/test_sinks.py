@@ -12,7 +12,7 @@ import cupy_flashattn as fa
 from cupy_flashattn import errors
 from cupy_flashattn.reference import attention_ref
 
-from helpers import BF16, assert_within_bound, raises_explained, randn, ref_and_naive, scatter_into_pages, to_np
+from helpers import cu_seqlens, BF16, assert_within_bound, raises_explained, randn, ref_and_naive, scatter_into_pages, to_np
 
 XPS = ["numpy", pytest.param("cupy", marks=pytest.mark.gpu)]
 
@@ -73,8 +73,8 @@ def test_varlen_and_paged_sinks(xp_name, P):
     ks = [randn(rng, (n, Hk, D), dt) for n in lens_k]
     vs = [randn(rng, (n, Hk, D), dt) for n in lens_k]
     sinks = _sinks(rng, H)
-    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
-    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    cu_q = cu_seqlens(lens_q)
+    cu_k = cu_seqlens(lens_k)
     kw = {}
     if P:
         k, v, table = scatter_into_pages(rng, ks, vs, P, dt)

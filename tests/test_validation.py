@@ -7,7 +7,7 @@ import pytest
 
 import cupy_flashattn as fa
 from cupy_flashattn import errors
-from helpers import raises_explained
+from helpers import cu_seqlens, raises_explained
 
 rng = np.random.default_rng(0)
 
@@ -27,7 +27,7 @@ def paged(num_blocks=6, P=4, Hk=2, D=16, B=2, lens=(5, 7), H=4):
     total_q = 3 * B
     q = rand(total_q, H, D)
     cu_q = np.arange(0, total_q + 1, 3, dtype=np.int32)
-    cu_k = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    cu_k = cu_seqlens(lens)
     return q, k, v, cu_q, cu_k, table
 
 

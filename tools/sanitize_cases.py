@@ -43,7 +43,7 @@ from cupy_flashattn.reference import attention_ref  # noqa: E402
 # The tests' input helpers (random inputs, scattered pages): one home for both.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "tests"))
-from helpers import randn, scatter_into_pages  # noqa: E402
+from helpers import cu_seqlens, randn, scatter_into_pages  # noqa: E402
 from cupy_flashattn.rotary import apply_rotary  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -115,8 +115,8 @@ def prefill_dense(rng, dt, D, mode):
 def prefill_varlen(rng, dt, D, mode, P=0):
     H, Hk = 4, 2
     lens_q, lens_k = ([70, 0, 33], [100, 5, 40]) if not P else ([70, 20], [100, 33])
-    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
-    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    cu_q = cu_seqlens(lens_q)
+    cu_k = cu_seqlens(lens_k)
     q = randn(rng, (int(cu_q[-1]), H, D), dt)
     keys = [randn(rng, (n, Hk, D), dt) for n in lens_k]
     values = [randn(rng, (n, Hk, D), dt) for n in lens_k]
@@ -284,8 +284,8 @@ def absent_pages(rng, dt=BF16, D=128):
     lens_k = np.array([60, 50], np.int32)
     outs = []
     for lens_q in ([70, 20], [1, 1]):  # prefill (mixed with decode), then decode only
-        cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
-        cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+        cu_q = cu_seqlens(lens_q)
+        cu_k = cu_seqlens(lens_k)
         q = randn(rng, (int(cu_q[-1]), H, D), dt)
         out = poisoned(q.shape, dt)
         args = (dev(q), dev(kp), dev(vp), dev(cu_q), dev(cu_k), max(lens_q), int(lens_k.max()))

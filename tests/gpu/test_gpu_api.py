@@ -7,7 +7,8 @@ import pytest
 
 import cupy_flashattn as fa
 from helpers import (
-    BF16, assert_lse_close, assert_within_bound, randn, ref_and_naive, rotary_ref, scatter_into_pages,
+    BF16, assert_lse_close, assert_within_bound, cu_seqlens, randn, ref_and_naive, rotary_ref,
+    scatter_into_pages,
 )
 
 pytestmark = pytest.mark.gpu
@@ -47,8 +48,8 @@ def test_paged_varlen_api(P):
     rng = np.random.default_rng(P)
     dtype, H, Hk, D = BF16, 12, 2, 128
     lens_q, lens_k = [1, 97, 0, 33], [1025, 97, 5, 0]
-    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
-    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    cu_q = cu_seqlens(lens_q)
+    cu_k = cu_seqlens(lens_k)
     q = randn(rng, (int(cu_q[-1]), H, D), dtype)
     keys = [randn(rng, (n, Hk, D), dtype) for n in lens_k]
     values = [randn(rng, (n, Hk, D), dtype) for n in lens_k]

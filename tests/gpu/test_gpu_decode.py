@@ -18,6 +18,8 @@ from cupy_flashattn import rotary as rot  # noqa: E402
 from cupy_flashattn.problem import AttentionProblem  # noqa: E402
 from cupy_flashattn.reference import problem_ref  # noqa: E402
 
+from helpers import cu_seqlens  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -41,7 +43,7 @@ def _rand(rng, shape, dt):
 def make_problem(rng, *, dt=BF16, d=64, h=4, hk=1, lens_q, lens_k, page=0, window=(-1, -1),
                  causal=False, alibi=False, softcap=0.0, num_splits=0, varlen_q=None, scale=None):
     b = len(lens_q)
-    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_q = cu_seqlens(lens_q)
     total_q = int(cu_q[-1])
     q = cupy.asarray(_rand(rng, (total_q, h, d), dt))
     kw = {}

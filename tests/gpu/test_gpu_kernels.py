@@ -17,6 +17,8 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 from cupy_flashattn.problem import AttentionProblem  # noqa: E402
 from cupy_flashattn.reference import problem_ref  # noqa: E402
 
+from helpers import cu_seqlens  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -50,7 +52,7 @@ def make_problem(rng, *, dtype="bf16", d=64, h=4, hk=None, lens_q, lens_k, varle
     b = len(lens_q)
     if varlen is None:
         varlen = len(set(lens_q)) > 1 or len(set(lens_k)) > 1
-    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_q = cu_seqlens(lens_q)
     total_q = int(cu_q[-1])
     q = _rand(rng, (total_q, h, d), dt)
     kw = {}
@@ -64,7 +66,7 @@ def make_problem(rng, *, dtype="bf16", d=64, h=4, hk=None, lens_q, lens_k, varle
                   seqused_k=cupy.asarray(np.array(lens_k, np.int32)))
         seqlen_k = max_blocks * page
     else:
-        cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+        cu_k = cu_seqlens(lens_k)
         k = _rand(rng, (int(cu_k[-1]), hk, d), dt)
         v = _rand(rng, (int(cu_k[-1]), hk, d), dt)
         seqlen_k = lens_k[0]

@@ -43,7 +43,7 @@ cp = pytest.importorskip("cupy")
 import cupy_flashattn as fa  # noqa: E402
 from cupy_flashattn.rotary import apply_rotary  # noqa: E402
 from helpers import (  # noqa: E402
-    BF16, assert_lse_close, assert_within_bound, randn, ref_and_naive,
+    BF16, assert_lse_close, assert_within_bound, randn, ref_and_naive, cu_seqlens,
 )
 
 pytestmark = pytest.mark.gpu
@@ -320,8 +320,8 @@ class TestPagedPoolLargeOffsets:
         seqs = PagedSeqs(pool, rng, lens_k, room=0)
         self._assert_layout(seqs)
         k, v = pool["k"], pool["v"]
-        cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
-        cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+        cu_q = cu_seqlens(lens_q)
+        cu_k = cu_seqlens(lens_k)
         q = randn(rng, (int(cu_q[-1]), H, D), BF16)
         nan_k = _nan_count(k)
         out = _poisoned(q.shape)
@@ -590,7 +590,7 @@ class TestDenseLargeOffsets:
             data = {}
             for b in (1, 2, 4, 5):  # the padding sequences 0 and 3 stay NaN (no queries)
                 data[b] = rows.write(int(cu_k[b]), int(cu_k[b + 1]))
-            cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+            cu_q = cu_seqlens(lens_q)
             q = randn(rng, (int(cu_q[-1]), H, D), BF16)
             k2, v2 = rows.k2, rows.v2
             nan_k = _nan_count(dense["k"])

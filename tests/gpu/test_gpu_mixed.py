@@ -8,7 +8,7 @@ import pytest
 
 import cupy_flashattn as fa
 from cupy_flashattn import _cuda
-from helpers import BF16, assert_lse_close, assert_within_bound, randn, ref_and_naive, scatter_into_pages
+from helpers import cu_seqlens, BF16, assert_lse_close, assert_within_bound, randn, ref_and_naive, scatter_into_pages
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
@@ -25,8 +25,8 @@ def test_mixed_prefill_and_decode(H, Hk, P, causal):
     lens_q = [1, 300, 1, limit, limit + 1, 0, 97, 1]
     lens_k = [700, 300, 33, 64 + limit, 500, 9, 1025, 1]
     B = len(lens_q)
-    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
-    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    cu_q = cu_seqlens(lens_q)
+    cu_k = cu_seqlens(lens_k)
     q = randn(rng, (int(cu_q[-1]), H, D), dtype)
     keys = [randn(rng, (n, Hk, D), dtype) for n in lens_k]
     values = [randn(rng, (n, Hk, D), dtype) for n in lens_k]
