@@ -35,6 +35,16 @@ def randn(rng, shape, dtype):
     return rng.standard_normal(shape).astype(dtype)
 
 
+def varlen_batch(rng, lens_q, lens_k, heads, heads_k, head_dim, dtype):
+    """A varlen batch of fresh random values: packed q ``(total_q, H, D)``, each sequence's keys
+    and values ``(n_b, Hk, D)``, and both cu_seqlens.  Returns (q, keys, values, cu_q, cu_k)."""
+    cu_q, cu_k = cu_seqlens(lens_q), cu_seqlens(lens_k)
+    q = randn(rng, (int(cu_q[-1]), heads, head_dim), dtype)
+    keys = [randn(rng, (n, heads_k, head_dim), dtype) for n in lens_k]
+    values = [randn(rng, (n, heads_k, head_dim), dtype) for n in lens_k]
+    return q, keys, values, cu_q, cu_k
+
+
 def scatter_into_pages(rng, keys, values, P, dtype, spare_blocks=2, min_pages=0):
     """A paged pool holding sequence b's ``keys[b]`` / ``values[b]`` ((n_b, Hk, D) each) on pages
     in a random order, plus ``spare_blocks`` unused pages; everything not written (spare pages,

@@ -43,7 +43,7 @@ from cupy_flashattn.reference import attention_ref  # noqa: E402
 # The tests' input helpers (random inputs, scattered pages): one home for both.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "tests"))
-from helpers import cu_seqlens, randn, scatter_into_pages  # noqa: E402
+from helpers import cu_seqlens, randn, scatter_into_pages, varlen_batch  # noqa: E402
 from cupy_flashattn.rotary import apply_rotary  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -115,11 +115,7 @@ def prefill_dense(rng, dt, D, mode):
 def prefill_varlen(rng, dt, D, mode, P=0):
     H, Hk = 4, 2
     lens_q, lens_k = ([70, 0, 33], [100, 5, 40]) if not P else ([70, 20], [100, 33])
-    cu_q = cu_seqlens(lens_q)
-    cu_k = cu_seqlens(lens_k)
-    q = randn(rng, (int(cu_q[-1]), H, D), dt)
-    keys = [randn(rng, (n, Hk, D), dt) for n in lens_k]
-    values = [randn(rng, (n, Hk, D), dt) for n in lens_k]
+    q, keys, values, cu_q, cu_k = varlen_batch(rng, lens_q, lens_k, H, Hk, D, dt)
     kw = {}
     if P:
         kp, vp, table = scatter(rng, keys, values, P, dt)

@@ -220,14 +220,20 @@ class PagedSeqs:
                 self.v[int(page)].view(cp.uint16).fill(NAN16)
 
 
+def _nan_kv(shape) -> dict:
+    """bf16 k and v of ``shape`` filled with NaN: an element no test writes stays NaN, so a
+    read of the wrong row shows in the output."""
+    state = {"k": cp.empty(shape, dtype=BF16), "v": cp.empty(shape, dtype=BF16)}
+    _fill_nan(state["k"])
+    _fill_nan(state["v"])
+    return state
+
+
 @pytest.fixture(scope="class")
 def pool():
     """The two NaN-filled 140000-page pools, freed when the class's tests are done."""
     _require_gib(2 * NUM_PAGES * PAGE * 2 / GIB + 1.5, "the 140000-page pool")
-    state = {"k": cp.empty((NUM_PAGES, P, HK, D), dtype=BF16),
-             "v": cp.empty((NUM_PAGES, P, HK, D), dtype=BF16)}
-    _fill_nan(state["k"])
-    _fill_nan(state["v"])
+    state = _nan_kv((NUM_PAGES, P, HK, D))
     yield state
     state.clear()
     _release()
@@ -476,10 +482,7 @@ def dense():
     elems = ROWS * ROW
     assert elems > TWO32
     _require_gib(2 * elems * 2 / GIB + 1.5, "dense k/v of 2**32 elements")
-    state = {"k": cp.empty((B_DENSE, SK, HK, D), dtype=BF16),
-             "v": cp.empty((B_DENSE, SK, HK, D), dtype=BF16)}
-    _fill_nan(state["k"])
-    _fill_nan(state["v"])
+    state = _nan_kv((B_DENSE, SK, HK, D))
     yield state
     state.clear()
     _release()

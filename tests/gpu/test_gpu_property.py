@@ -34,7 +34,8 @@ from hypothesis import strategies as st  # noqa: E402
 import cupy_flashattn as fa  # noqa: E402
 from cupy_flashattn.rotary import apply_rotary  # noqa: E402
 from helpers import (  # noqa: E402
-    BF16, assert_lse_close, assert_within_bound, randn, ref_and_naive, scatter_into_pages, cu_seqlens,
+    BF16, assert_lse_close, assert_within_bound, randn, ref_and_naive, scatter_into_pages,
+    varlen_batch,
 )
 
 pytestmark = pytest.mark.gpu
@@ -145,11 +146,7 @@ def _run_dense(c, rng, slopes):
 def _run_varlen(c, rng, slopes):
     H, Hk, D, dt = c["H"], c["Hk"], c["D"], c["dtype"]
     lens_q, lens_k = c["lens_q"], c["lens_k"]
-    cu_q = cu_seqlens(lens_q)
-    cu_k = cu_seqlens(lens_k)
-    q = randn(rng, (int(cu_q[-1]), H, D), dt)
-    keys = [randn(rng, (n, Hk, D), dt) for n in lens_k]
-    values = [randn(rng, (n, Hk, D), dt) for n in lens_k]
+    q, keys, values, cu_q, cu_k = varlen_batch(rng, lens_q, lens_k, H, Hk, D, dt)
     kw = {}
     if c["layout"] == "paged":
         k_pages, v_pages, table = scatter_into_pages(rng, keys, values, c["P"], dt, spare_blocks=2,
