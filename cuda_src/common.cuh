@@ -13,6 +13,7 @@ namespace fa {
 using u16 = unsigned short;
 using u32 = unsigned int;
 using i64 = long long;
+using u64 = unsigned long long;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;

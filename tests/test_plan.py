@@ -38,7 +38,7 @@ def _problem(*, H=32, Hk=8, D=128, B=2, max_q=1, max_k=4096, varlen=False, paged
 def test_small_decode_runs_the_decode_kernel_split_to_fill_the_gpu():
     p = _problem(B=1, max_q=1, max_k=4096)
     assert route(p) == ("decode", None)
-    (launch,) = describe_launches(p, sm_count=H100_SMS)
+    (launch,) = describe_launches(p, sm_count=H100_SMS, device_cc=80)
     assert launch["kernel"] == "fa_decode_f16_d128" and launch["arch"] == "sm80"
     # 1 packed 16-row tile x 8 kv heads x 1 sequence = 8 CTAs: split the 4096 keys.
     assert launch["splits"] == dc.num_splits_heuristic(8, 4096, H100_SMS, 2) > 1
@@ -48,15 +48,15 @@ def test_small_decode_runs_the_decode_kernel_split_to_fill_the_gpu():
 
 def test_large_decode_batch_is_not_split_and_explicit_splits_win():
     p = _problem(B=64, max_q=1, max_k=4096)
-    assert describe_launches(p, sm_count=H100_SMS)[0]["splits"] == 1  # 512 CTAs fill 132 SMs
+    assert describe_launches(p, sm_count=H100_SMS, device_cc=80)[0]["splits"] == 1  # 512 CTAs fill 132 SMs
     p = _problem(B=64, max_q=1, max_k=4096, num_splits=3)
-    assert describe_launches(p, sm_count=H100_SMS)[0]["grid"] == (3, 8, 64)
+    assert describe_launches(p, sm_count=H100_SMS, device_cc=80)[0]["grid"] == (3, 8, 64)
 
 
 def test_prefill_grid_block_and_shared_memory_come_from_the_tile_table():
     p = _problem(B=4, max_q=1000, max_k=1000, H=16, Hk=16, D=80, dtype=np.float32)
     assert route(p) == ("prefill", None)
-    (launch,) = describe_launches(p)
+    (launch,) = describe_launches(p, device_cc=80)
     tr = cc.traits(96)  # D = 80 runs in the 96 bucket; float32 on bf16 kernels
     assert launch["kernel"] == "fa_fwd_bf16_d96" and launch["arch"] == "sm80"
     assert launch["grid"] == (-(-1000 // tr.block_m), 16, 4)
@@ -70,7 +70,7 @@ def test_prefill_grid_block_and_shared_memory_come_from_the_tile_table():
 def test_feature_flags_pick_the_transform_kernel(softcap, alibi, scale, transform):
     p = _problem(B=2, max_q=512, max_k=512, H=8, Hk=8, paged=True, softcap=softcap, alibi=alibi,
                  scale=scale)
-    (launch,) = describe_launches(p)
+    (launch,) = describe_launches(p, device_cc=80)
     assert launch["kernel"] == f"fa_fwd_f16_d128{'_transform' if transform else ''}_paged"
 
 
@@ -78,7 +78,7 @@ def test_mixed_varlen_batch_splits_between_the_two_kernels():
     p = _problem(B=8, max_q=300, max_k=2048, varlen=True)
     kind, limit = route(p)
     assert (kind, limit) == ("mixed", dc.decode_len_q_limit(32, 8))
-    decode, prefill = describe_launches(p, sm_count=H100_SMS)
+    decode, prefill = describe_launches(p, sm_count=H100_SMS, device_cc=80)
     assert decode["kernel"].startswith("fa_decode_") and decode["splits"] == 1
     assert decode["len_q"] == (1, limit) and prefill["len_q"] == (limit + 1, None)
     assert prefill["kernel"] == "fa_fwd_f16_d128"
@@ -86,7 +86,7 @@ def test_mixed_varlen_batch_splits_between_the_two_kernels():
 
 def test_decode_bucket_and_long_queries():
     p = _problem(B=1, max_q=1, D=200)  # D = 200 decodes in the 256 bucket
-    assert describe_launches(p, sm_count=H100_SMS)[0]["kernel"] == "fa_decode_f16_d256"
+    assert describe_launches(p, sm_count=H100_SMS, device_cc=80)[0]["kernel"] == "fa_decode_f16_d256"
     p = _problem(B=1, max_q=64, H=8, Hk=8)  # 64 query rows of one head: prefill's job
     assert route(p) == ("prefill", None)
 
@@ -100,3 +100,31 @@ def test_kernel_keys_name_their_family_and_build_from_its_directory():
     with pytest.raises(ValueError, match="arch"):
         cc.KernelKey("bf16", 128, arch="sm75")
     assert 'cuda_src/sm80/flash_fwd.cu"' in cc.kernel_source([key])
+
+
+def test_a_9_0_device_runs_prefill_on_the_hopper_family():
+    """Compute capability 9.0 picks the sm90 family (its own buckets: D = 80 -> 128); decode
+    stays sm80; forcing works both ways."""
+    from cupy_flashattn._cuda import launch
+
+    p = _problem(B=4, max_q=1000, max_k=1000, H=16, Hk=16, D=80, dtype=np.float32)
+    (launch_,) = describe_launches(p, device_cc=90)
+    tr = cc.traits(128, "sm90")
+    assert launch_["kernel"] == "fa_fwd_sm90_bf16_d128" and launch_["arch"] == "sm90"
+    assert launch_["grid"] == (-(-1000 // 128), 16, 4) and tr.block_m == 128
+    assert launch_["block"] == (384,) and launch_["smem"] == tr.smem_bytes <= 227 * 1024
+    p = _problem(B=2, max_q=512, max_k=512, H=8, Hk=8, D=256, paged=True, softcap=30.0)
+    assert describe_launches(p, device_cc=90)[0]["kernel"] == "fa_fwd_sm90_f16_d256_transform_paged"
+    p = _problem(B=1, max_q=1, max_k=4096)
+    assert describe_launches(p, sm_count=H100_SMS, device_cc=90)[0]["arch"] == "sm80"
+    p = _problem(B=4, max_q=1000, max_k=1000, H=16, Hk=16, D=128)
+    assert describe_launches(p, device_cc=80)[0]["arch"] == "sm80"
+    assert describe_launches(p, device_cc=90, arch="sm80")[0]["kernel"] == "fa_fwd_f16_d128"
+    try:
+        launch.force_prefill_arch("sm80")
+        assert describe_launches(p, device_cc=90)[0]["arch"] == "sm80"
+        launch.force_prefill_arch("sm90")
+        with pytest.raises(ValueError, match="9.0"):
+            describe_launches(p, device_cc=80)
+    finally:
+        launch.force_prefill_arch(None)

@@ -21,6 +21,12 @@ def _prefill(key):
     cc.get_kernel(cc.KernelKey(*key))
 
 
+def _device_cc():
+    import cupy
+
+    return int(cupy.cuda.Device().compute_capability)
+
+
 def _decode(_):
     from cupy_flashattn._cuda import decode as dc
 
@@ -33,8 +39,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
     from cupy_flashattn._cuda import compile as cc
 
-    keys = [(k.dtype, k.head_dim, k.transform, k.paged) for k in cc.shipped_keys()]
     with ProcessPoolExecutor(args.jobs) as ex:
+        # Asked in a worker: CUDA initialised in this process would break the forked workers.
+        archs = ["sm80", "sm90"] if ex.submit(_device_cc).result() == 90 else ["sm80"]
+        keys = [(k.dtype, k.head_dim, k.transform, k.paged, k.arch)
+                for a in archs for k in cc.shipped_keys(a)]
         futures = [ex.submit(_prefill, k) for k in keys]
         n = ex.submit(_decode, 0).result()
         for f in futures:

@@ -93,6 +93,15 @@ struct OnlineSoftmax {
   __device__ __forceinline__ void update(float (&s)[kMRep][kNTiles][4],
                                          float (&o)[kMRep][kDTiles][4], float c) {
     float alpha[kMRep][2];
+    if (to_probabilities(s, c, alpha)) rescale(o, alpha);
+  }
+
+  // The two halves of update(), for a kernel whose O is still being written by an asynchronous
+  // P V of the previous tile (sm90): S -> P and the new row statistics now, returning whether
+  // any row of the warp changed its max; rescale(o, alpha) once that P V has completed.
+  template <int kNTiles>
+  __device__ __forceinline__ bool to_probabilities(float (&s)[kMRep][kNTiles][4], float c,
+                                                   float (&alpha)[kMRep][2]) {
     bool changed = false;
 #pragma unroll
     for (int mi = 0; mi < kMRep; ++mi)
@@ -118,17 +127,21 @@ struct OnlineSoftmax {
           }
         row_sum[mi][h] = row_sum[mi][h] * alpha[mi][h] + sum;
       }
-    if (__any_sync(0xffffffffu, changed)) {
+    return __any_sync(0xffffffffu, changed);
+  }
+
+  template <int kDTiles>
+  __device__ __forceinline__ static void rescale(float (&o)[kMRep][kDTiles][4],
+                                                 const float (&alpha)[kMRep][2]) {
 #pragma unroll
-      for (int mi = 0; mi < kMRep; ++mi)
+    for (int mi = 0; mi < kMRep; ++mi)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int dt = 0; dt < kDTiles; ++dt) {
-            o[mi][dt][2 * h] *= alpha[mi][h];
-            o[mi][dt][2 * h + 1] *= alpha[mi][h];
-          }
-    }
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          o[mi][dt][2 * h] *= alpha[mi][h];
+          o[mi][dt][2 * h + 1] *= alpha[mi][h];
+        }
   }
 
   // This row's l summed over the 4 lanes of the quad that share it.

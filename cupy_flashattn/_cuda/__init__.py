@@ -71,13 +71,14 @@ def plan_attention(problem):
     return (DecodePlan(problem, len_q_max=limit), PrefillPlan(problem, len_q_min=limit + 1))
 
 
-def describe_launches(problem, sm_count=None) -> tuple:
+def describe_launches(problem, sm_count=None, arch=None, device_cc=None) -> tuple:
     """What :func:`plan_attention` would launch, as plain data and without a GPU (``sm_count``
     given): one dict per kernel with ``kernel`` (entry-point name), ``arch`` (kernel family,
     compile.ARCHS), ``grid``, ``block``,
     ``smem`` (bytes) and, for decode, ``splits`` and the query-length range it serves.  Plan
     tests (``tests/test_plan.py``) and debugging read it; the plans compute the same values
-    through the same functions."""
+    through the same functions.  ``arch`` / ``device_cc``: the prefill family, or the compute
+    capability it is chosen for (default: the current device; 80 without a GPU)."""
     from .decode import DECODE_THREADS, decode_grid, plan as decode_plan, smem_bytes as decode_smem
     from .launch import prefill_grid
 
@@ -89,8 +90,8 @@ def describe_launches(problem, sm_count=None) -> tuple:
                         block=(DECODE_THREADS,), smem=decode_smem(key.head_dim), splits=splits,
                         len_q=(1, limit) if limit is not None else (1, None)))
     if kind in ("prefill", "mixed"):
-        key = select_kernel(problem)
-        tr = traits(key.head_dim)
+        key = select_kernel(problem, arch=arch, device_cc=device_cc)
+        tr = traits(key.head_dim, key.arch)
         out.append(dict(kernel=key.name, arch=key.arch, grid=prefill_grid(problem, tr),
                         block=(tr.num_threads,),
                         smem=tr.smem_bytes, splits=1,

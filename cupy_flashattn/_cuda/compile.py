@@ -47,6 +47,8 @@ __all__ = [
 log = logging.getLogger("cupy_flashattn")
 
 HEAD_DIM_BUCKETS = (32, 64, 96, 128, 160, 192, 256)
+#: The Hopper family's buckets: whole 64-column (128-byte) swizzle blocks (sm90/wgmma.cuh).
+SM90_HEAD_DIM_BUCKETS = (64, 128, 192, 256)
 DTYPES = ("f16", "bf16")
 NVRTC_OPTIONS = ("--std=c++17",)
 
@@ -99,8 +101,24 @@ PARAMS = (
 
 #: Kernel families, named by the ``cuda_src/`` directory that holds their kernels.  "sm80":
 #: mma.sync m16n8k16 + ldmatrix + cp.async, which runs on every GPU of compute capability >= 8.0
-#: (sm_90 included).  A second family (the Hopper sm_90a path) adds its name here.
-ARCHS = ("sm80",)
+#: (sm_90 included).  "sm90": the Hopper prefill path (wgmma, warp specialization, sm_90a
+#: code that only a compute capability 9.0 device runs).
+ARCHS = ("sm80", "sm90")
+
+#: NVRTC target of each family's modules.  sm80 modules are built by CuPy for the current
+#: device; sm90 modules are built for sm_90a (wgmma / setmaxnreg exist only there) by
+#: :func:`_sm90a_module`.
+NVRTC_TARGET = {"sm80": None, "sm90": "90a"}
+
+
+def head_dim_buckets(arch: str = "sm80") -> tuple:
+    return SM90_HEAD_DIM_BUCKETS if arch == "sm90" else HEAD_DIM_BUCKETS
+
+
+#: Instantiations the sm90 family does not ship, as (head_dim, transform, paged): the dispatch
+#: sends these problems to sm80.  Empty today (every one compiles spill-free); the place to
+#: park a combination that stops doing so.
+SM90_UNSHIPPED = frozenset()
 
 
 def family_prefix(kind: str, arch: str) -> str:
@@ -129,9 +147,10 @@ class KernelKey:
             raise ValueError(f"KernelKey.arch must be one of {ARCHS}, got {self.arch!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"KernelKey.dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.head_dim not in HEAD_DIM_BUCKETS:
+        buckets = head_dim_buckets(self.arch)
+        if self.head_dim not in buckets:
             raise ValueError(
-                f"KernelKey.head_dim must be one of {HEAD_DIM_BUCKETS}, got {self.head_dim!r}"
+                f"KernelKey.head_dim must be one of {buckets} for {self.arch}, got {self.head_dim!r}"
             )
 
     @property
@@ -198,19 +217,22 @@ def _env_overrides(text: str) -> dict:
 
 
 @functools.cache
-def _trait_table() -> dict:
-    """bucket -> Traits of ``fa::FwdTraits<bucket>``, as the compiler evaluates them."""
+def _trait_table(arch: str = "sm80") -> dict:
+    """bucket -> Traits of ``fa::FwdTraits<bucket>`` (sm80) or ``fa::Sm90FwdTraits<bucket>``
+    (sm90), as the compiler evaluates them."""
     from .device_facts import prefill_facts
 
     table = {}
-    for d, f in prefill_facts().items():
-        assert f["kHeadDim"] == d, f"kernel_traits.cuh: FwdTraits<{d}> has kHeadDim {f['kHeadDim']}"
+    for d, f in prefill_facts(arch).items():
+        assert f["kHeadDim"] == d, f"{arch}/kernel_traits.cuh: traits<{d}> has kHeadDim {f['kHeadDim']}"
         table[d] = Traits(d, f["kBlockM"], f["kBlockN"], f["kNWarps"], f["kMinBlocksPerSm"],
                           f["kQInRegs"], f["kStages"], f["kSmemBytes"])
     return table
 
 
-def traits(head_dim_bucket: int) -> Traits:
+def traits(head_dim_bucket: int, arch: str = "sm80") -> Traits:
+    if arch == "sm90":  # tuning overrides are an sm80 (FwdTraitsBase) facility
+        return _trait_table("sm90")[head_dim_bucket]
     return _OVERRIDES.get(head_dim_bucket) or _trait_table()[head_dim_bucket]
 
 
@@ -229,11 +251,13 @@ def override_traits(head_dim_bucket: int, tr: "Traits | None") -> None:
         _OVERRIDES[head_dim_bucket] = tr
 
 
-def shipped_keys() -> list:
-    """Every instantiation the launcher may select (what CI compiles)."""
+def shipped_keys(arch: str = "sm80") -> list:
+    """Every instantiation of one family the launcher may select (what CI compiles)."""
     return [
-        KernelKey(dt, d, tf, pg)
-        for dt, d, tf, pg in itertools.product(DTYPES, HEAD_DIM_BUCKETS, (False, True), (False, True))
+        KernelKey(dt, d, tf, pg, arch)
+        for dt, d, tf, pg in itertools.product(DTYPES, head_dim_buckets(arch), (False, True),
+                                               (False, True))
+        if arch != "sm90" or (d, tf, pg) not in SM90_UNSHIPPED
     ]
 
 
@@ -242,6 +266,8 @@ FWD_ARGS = ArgPack("fa_fwd_args", PARAMS)
 
 
 def _wrapper(key: KernelKey) -> str:
+    if key.arch == "sm90":
+        return _wrapper_sm90(key)
     t = traits(key.head_dim)
     elem = "fa::Bf16" if key.dtype == "bf16" else "fa::F16"
     tr_cxx = t.cxx if key.head_dim in _OVERRIDES else f"fa::FwdTraits<{key.head_dim}>"
@@ -255,6 +281,24 @@ extern "C" __global__ void __launch_bounds__({t.num_threads}, {t.min_blocks_per_
   fa::FwdParams p;
 {FWD_ARGS.assign("p")}
   fa::flash_fwd<{tr_cxx}, {elem}, {b(key.transform)}, {b(key.paged)}>(p);
+}}
+"""
+
+
+def _wrapper_sm90(key: KernelKey) -> str:
+    t = traits(key.head_dim, "sm90")
+    elem = "fa::Bf16" if key.dtype == "bf16" else "fa::F16"
+    tr_cxx = f"fa::Sm90FwdTraits<{key.head_dim}>"
+    b = lambda x: "true" if x else "false"  # noqa: E731
+    # (threads, 1): setmaxnreg needs the register cap at entry that the 1 gives.
+    return f"""
+static_assert({tr_cxx}::kNThreads == {t.num_threads} && {tr_cxx}::kSmemBytes == {t.smem_bytes},
+              "{key.name}: the host's launch geometry differs from sm90/kernel_traits.cuh");
+extern "C" __global__ void __launch_bounds__({t.num_threads}, 1) {key.name}(
+    const fa_fwd_args a) {{
+  fa::FwdParams p;
+{FWD_ARGS.assign("p")}
+  fa::flash_fwd_sm90<{tr_cxx}, {elem}, {b(key.transform)}, {b(key.paged)}>(p);
 }}
 """
 
@@ -274,10 +318,14 @@ def kernel_source(keys: Union[KernelKey, Iterable[KernelKey]]) -> str:
 def get_kernel(key: KernelKey):
     """The ``cupy.RawKernel`` of one instantiation on the current device, compiled on first use
     (cached per device)."""
-    override = _OVERRIDES.get(key.head_dim)
-    smem = (override or traits(key.head_dim)).smem_bytes
     if key not in _COMPILED:
         _COMPILED.append(key)
+    if key.arch == "sm90":
+        smem = traits(key.head_dim, "sm90").smem_bytes
+        return load_function(("fwd", key), lambda: kernel_source(key), key.name, smem,
+                             target=NVRTC_TARGET["sm90"])
+    override = _OVERRIDES.get(key.head_dim)
+    smem = (override or traits(key.head_dim)).smem_bytes
     return load_function(("fwd", key, override), lambda: kernel_source(key), key.name, smem)
 
 
@@ -293,7 +341,8 @@ _MODULES: dict = {}
 _FUNCTIONS: dict = {}
 
 
-def load_function(cache_key, make_source, name: str, smem_bytes: int, device_id=None):
+def load_function(cache_key, make_source, name: str, smem_bytes: int, device_id=None,
+                  target=None):
     """Kernel ``name`` of the module built from ``make_source()``, on ``device_id`` (default:
     the current device), with its dynamic shared-memory limit raised when it needs > 48 KB.
 
@@ -301,7 +350,9 @@ def load_function(cache_key, make_source, name: str, smem_bytes: int, device_id=
     per-function (so per-device) attribute: it is set here for every device the kernel is
     launched on, not only the first one (a config cached after a launch on GPU 0 would
     otherwise fail on GPU 1).  The module is loaded per device too (the devices may differ in
-    architecture); its compiled code comes from CuPy's disk cache after the first build."""
+    architecture); its compiled code comes from CuPy's disk cache after the first build.
+    ``target`` (e.g. "90a"): build for that NVRTC architecture instead of the device's own
+    (:func:`_target_module`)."""
     import cupy
 
     if device_id is None:
@@ -314,12 +365,44 @@ def load_function(cache_key, make_source, name: str, smem_bytes: int, device_id=
         module = _MODULES.get(fkey)
         if module is None:
             log.info("compiling %s (first use on device %d)", name, device_id)
-            module = _MODULES[fkey] = cupy.RawModule(code=make_source(), options=NVRTC_OPTIONS)
+            if target is None:
+                module = cupy.RawModule(code=make_source(), options=NVRTC_OPTIONS)
+            else:
+                module = _target_module(make_source(), target)
+            _MODULES[fkey] = module
         fn = module.get_function(name)
         if smem_bytes > 48 * 1024:
             fn.max_dynamic_shared_size_bytes = smem_bytes
     _FUNCTIONS[fkey] = fn
     return fn
+
+
+def _target_module(source: str, target: str):
+    """A ``cupy.RawModule`` of ``source`` compiled by NVRTC for ``sm_<target>``.
+
+    CuPy's own compile path always targets the device's plain architecture (``-arch=sm_90``),
+    which has no wgmma or setmaxnreg; so the cubin is built here (:func:`compile_for_arch`)
+    and loaded with ``RawModule(path=...)``.  It is cached on disk next to CuPy's kernels
+    (``$CUPY_CACHE_DIR``), keyed by the hash of the source text, options, target and NVRTC
+    version -- the same inputs CuPy's cache key covers."""
+    import hashlib
+
+    import cupy
+    from cupy.cuda import nvrtc
+
+    version = ".".join(map(str, nvrtc.getVersion()))
+    digest = hashlib.sha256("\0".join([source, *NVRTC_OPTIONS, target, version]).encode())
+    root = os.environ.get("CUPY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cupy",
+                                                            "kernel_cache")
+    path = os.path.join(root, f"cupy_flashattn_sm{target}_{digest.hexdigest()[:32]}.cubin")
+    if not os.path.isfile(path):
+        cubin, _log = compile_for_arch(source, target, verbose=False)
+        os.makedirs(root, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(cubin)
+        os.replace(tmp, path)  # atomic: concurrent processes never load half a file
+    return cupy.RawModule(path=path)
 
 
 def precompile(
@@ -377,6 +460,10 @@ def compile_for_arch(
 
     src = keys if isinstance(keys, str) else kernel_source(keys)
     arch = str(arch).replace("sm_", "")
+    if not isinstance(keys, str):
+        families = {k.arch for k in ([keys] if isinstance(keys, KernelKey) else keys)}
+        if families == {"sm90"}:
+            arch = NVRTC_TARGET["sm90"]  # the only target the Hopper family compiles for
     opts = [f"--gpu-architecture=sm_{arch}", *NVRTC_OPTIONS]
     if verbose:
         opts.append("-Xptxas=-v")

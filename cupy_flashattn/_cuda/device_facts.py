@@ -94,7 +94,13 @@ def _all_facts() -> dict:
     k = len(DECODE_BUCKETS)
     decode = {d: dict(zip(DECODE_FACTS, (vals[i], vals[k + i], vals[2 * k + i])))
               for i, d in enumerate(DECODE_BUCKETS)}
-    facts = {"prefill": prefill, "decode": decode}
+    from .compile import SM90_HEAD_DIM_BUCKETS
+
+    exprs = [f"fa::Sm90FwdTraits<{d}>::{f}" for d in SM90_HEAD_DIM_BUCKETS for f in PREFILL_FACTS]
+    vals = _evaluate(build_source("sm90/kernel_traits.cuh"), exprs)
+    prefill_sm90 = {d: dict(zip(PREFILL_FACTS, vals[i * n:(i + 1) * n]))
+                    for i, d in enumerate(SM90_HEAD_DIM_BUCKETS)}
+    facts = {"prefill": prefill, "prefill_sm90": prefill_sm90, "decode": decode}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -105,9 +111,10 @@ def _all_facts() -> dict:
     return facts
 
 
-def prefill_facts() -> dict:
-    """head-dim bucket -> {PREFILL_FACTS name: value} of ``fa::FwdTraits<bucket>``."""
-    return _all_facts()["prefill"]
+def prefill_facts(arch: str = "sm80") -> dict:
+    """head-dim bucket -> {PREFILL_FACTS name: value} of ``fa::FwdTraits<bucket>`` (sm80) or
+    ``fa::Sm90FwdTraits<bucket>`` (sm90)."""
+    return _all_facts()["prefill_sm90" if arch == "sm90" else "prefill"]
 
 
 def decode_facts() -> dict:

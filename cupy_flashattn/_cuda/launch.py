@@ -24,10 +24,66 @@ import numpy as np
 from ..problem import AttentionProblem
 from .args import Operands, compute_dtype, problem_pointers
 from .args import aligned as _aligned
-from .compile import FWD_ARGS, KernelKey, bucket_for, get_kernel, kernel_dtype_tag, traits
+from .compile import (FWD_ARGS, SM90_HEAD_DIM_BUCKETS, SM90_UNSHIPPED, KernelKey, bucket_for,
+                      get_kernel, kernel_dtype_tag, traits)
 from .launcher import Launch, launch_packed
 
-__all__ = ["run_attention", "is_available", "select_kernel"]
+__all__ = ["run_attention", "is_available", "select_kernel", "prefill_arch", "force_prefill_arch",
+           "PREFILL_ARCH_ENV"]
+
+#: Environment variable forcing the prefill kernel family: "sm80" (mma.sync, any GPU >= 8.0),
+#: "sm90" (wgmma; compute capability 9.0 only) or "auto" (default: sm90 on 9.0, else sm80).
+PREFILL_ARCH_ENV = "CUPY_FLASHATTN_PREFILL_ARCH"
+_FORCED = {"arch": None}  # force_prefill_arch(); None: the environment variable / auto
+_DEVICE_CC: dict = {}  # device id -> compute capability (an int such as 90)
+
+
+def force_prefill_arch(arch) -> None:
+    """Force the prefill family for the rest of the process ("sm80", "sm90"; None: back to
+    ``$CUPY_FLASHATTN_PREFILL_ARCH`` / auto).  Clears the call cache, whose plans hold a kernel."""
+    from .._signature import CALLS
+
+    if arch not in (None, "auto", "sm80", "sm90"):
+        raise ValueError(f"force_prefill_arch: arch must be 'sm80', 'sm90', 'auto' or None, got {arch!r}")
+    _FORCED["arch"] = None if arch == "auto" else arch
+    CALLS.clear()
+
+
+def _device_cc() -> int:
+    """The current device's compute capability; 0 without a usable GPU (plans described on a
+    CPU machine pick sm80)."""
+    try:
+        import cupy
+
+        dev = cupy.cuda.runtime.getDevice()
+    except Exception:
+        return 0
+    cc = _DEVICE_CC.get(dev)
+    if cc is None:
+        cc = _DEVICE_CC[dev] = int(cupy.cuda.Device(dev).compute_capability)
+    return cc
+
+
+def prefill_arch(head_dim: int, transform: bool, paged: bool, device_cc=None) -> str:
+    """The prefill kernel family for a problem: forced (force_prefill_arch, then the environment
+    variable), else sm90 on a compute capability 9.0 device and sm80 elsewhere.  sm_90a code
+    runs only on 9.0, so a forced sm90 on another device is an error, not a silent fallback;
+    the instantiations sm90 does not ship (compile.SM90_UNSHIPPED) run on sm80."""
+    import os
+
+    forced = _FORCED["arch"] or os.environ.get(PREFILL_ARCH_ENV, "auto") or "auto"
+    if forced not in ("auto", "sm80", "sm90"):
+        raise ValueError(f"{PREFILL_ARCH_ENV}={forced!r}: expected 'sm80', 'sm90' or 'auto'")
+    if forced == "sm80":
+        return "sm80"
+    cc = _device_cc() if device_cc is None else int(device_cc)
+    if forced == "sm90" and cc != 90:
+        raise ValueError(f"{PREFILL_ARCH_ENV}=sm90: the sm_90a kernels need a compute capability "
+                         f"9.0 GPU, this one is {cc // 10}.{cc % 10}. Fix: unset it (auto) or use sm80.")
+    if cc != 90:
+        return "sm80"
+    bucket = bucket_for(head_dim, SM90_HEAD_DIM_BUCKETS)
+    return "sm80" if (bucket, transform, paged) in SM90_UNSHIPPED else "sm90"
 
 
 def is_available() -> bool:
@@ -42,17 +98,24 @@ def is_available() -> bool:
         return False
 
 
-def select_kernel(problem: AttentionProblem) -> KernelKey:
-    """The instantiation that serves this problem."""
+def select_kernel(problem: AttentionProblem, arch=None, device_cc=None) -> KernelKey:
+    """The instantiation that serves this problem (``arch``: the family, default
+    :func:`prefill_arch`; ``device_cc`` stands in for the current device's)."""
     p = problem
     scale_ok = p.softmax_scale > 0 and np.isfinite(p.softmax_scale)
+    # A scale <= 0 cannot be folded into exp2 after the row max (it would flip the ordering):
+    # the transform path scales first; with no slopes it adds a zero bias.
+    transform = p.alibi_slopes is not None or p.softcap > 0 or not scale_ok
+    if arch is None:
+        arch = prefill_arch(p.head_dim, transform, p.paged, device_cc)
+    from .compile import head_dim_buckets
+
     return KernelKey(
         dtype=kernel_dtype_tag(p.q.dtype),
-        head_dim=bucket_for(p.head_dim),
-        # A scale <= 0 cannot be folded into exp2 after the row max (it would flip the
-        # ordering): the transform path scales first; with no slopes it adds a zero bias.
-        transform=p.alibi_slopes is not None or p.softcap > 0 or not scale_ok,
+        head_dim=bucket_for(p.head_dim, head_dim_buckets(arch)),
+        transform=transform,
         paged=p.paged,
+        arch=arch,
     )
 
 
@@ -87,7 +150,7 @@ class PrefillPlan:
     def __init__(self, problem: AttentionProblem, len_q_min: int = 0):
         p = problem
         key = select_kernel(p)
-        tr = traits(key.head_dim)
+        tr = traits(key.head_dim, key.arch)
         self.compute_dtype = compute_dtype(key.dtype)
         self.len_q_min = len_q_min
         self.grid = prefill_grid(p, tr)

@@ -1,0 +1,75 @@
+// sm90/kernel_traits.cuh -- tile sizes of the Hopper (sm_90a) prefill kernel per head-dim bucket.
+//
+// One CTA = one producer warpgroup (loads K/V/Q into a kStages ring, few registers) and two
+// consumer warpgroups (64 query rows each, so kBlockM = 128), 384 threads, one CTA per SM.
+// Registers: 168 per thread at entry (__launch_bounds__(384, 1)); setmaxnreg moves them to
+// kProducerRegs / kConsumerRegs with the same total (e.g. 128 x 56 + 256 x 224 = 384 x 168), so
+// the consumers' increase never waits on registers another CTA holds.
+// Shared memory: Q (kBlockM x D), kStages K and V tiles (kBlockN x D), all in the SW128 layout
+// of wgmma.cuh, 1024-byte aligned; then the mbarriers and (paged) the page ids per stage.
+#pragma once
+#include "../common.cuh"
+
+namespace fa {
+
+template <int kHeadDim_, int kBlockN_, int kStages_, int kProducerRegs_ = 56>
+struct Sm90FwdTraitsBase {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kConsumerWGs = 2;
+  static constexpr int kWgRows = 64;  // wgmma M
+  static constexpr int kBlockM = kConsumerWGs * kWgRows;
+  static constexpr int kNThreads = 128 * (1 + kConsumerWGs);
+  static constexpr int kNWarps = kNThreads / 32;
+  static constexpr int kMinBlocksPerSm = 1;
+  static constexpr int kQInRegs = 0;
+  static constexpr int kProducerRegs = kProducerRegs_;
+  // The rest of the entry allocation (168 x 384), a multiple of 8.
+  static constexpr int kConsumerRegs = (168 * kNThreads - 128 * kProducerRegs) / (128 * kConsumerWGs) / 8 * 8;
+
+  // Whether the consumers overlap the softmax of tile n with P V of tile n + 1 (flash_fwd.cu):
+  // that keeps S, P and O live at once; the D = 256 softcap/ALiBi paged kernel then spills
+  // (32 bytes: O 128 + S 32 + P 16 registers, the transform and the page mask), so it runs
+  // each P V right after its softmax.
+  __host__ __device__ static constexpr bool overlap(bool paged, bool transform) {
+    return !(paged && transform && kHeadDim == 256);
+  }
+
+  static constexpr int kNTiles = kBlockN / 8;    // n8 tiles of S per row
+  static constexpr int kDTiles = kHeadDim / 8;   // n8 tiles of O per row
+  static constexpr int kDBlocks = kHeadDim / 64; // 128-byte column blocks per row
+  static constexpr int kChunks = kHeadDim / 8;   // 16-byte chunks per row
+
+  static_assert(kHeadDim % 64 == 0, "whole 128-byte swizzle blocks");
+  static_assert(kBlockN == 64 || kBlockN == 128, "wgmma_ops.cuh has S = Q K^T for N = 64, 128");
+  static_assert(kStages >= 2, "the producer signals tile n after issuing tile n + 1");
+
+  static constexpr int kSmemQ = kBlockM * kHeadDim * 2;
+  static constexpr int kSmemKV = kBlockN * kHeadDim * 2;
+  static constexpr int kSmemTiles = kSmemQ + 2 * kStages * kSmemKV;
+  // q_full, k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages]: 8 bytes each.
+  static constexpr int kNumBars = 1 + 4 * kStages;
+  static constexpr int kSmemBars = ceil_div(kNumBars * 8, 16) * 16;
+  // Paged: per stage, the page id of each key row (the mask's absent-page test) and one
+  // "some key is on an absent page" flag per producer warp.
+  static constexpr int kSmemIds = kStages * kBlockN * 4;
+  static constexpr int kSmemFlags = kStages * 4 * 4;
+  // + 1024: the dynamic shared memory base is only 16-byte aligned; the kernel rounds it up.
+  static constexpr int kSmemBytes = 1024 + kSmemTiles + kSmemBars + kSmemIds + kSmemFlags;
+};
+
+template <int kHeadDim>
+struct Sm90FwdTraits;
+
+// First version (NOTES.md sm90-v1): the largest key tile whose 2-stage ring fits 227 KB.
+// D = 64: 128 x 128, 3 stages (16 + 96 KB).
+template <> struct Sm90FwdTraits<64> : Sm90FwdTraitsBase<64, 128, 3> {};
+// D = 128: 128 x 128, 2 stages (32 + 128 KB).  S 64 + O 64 fp32 registers per consumer thread.
+template <> struct Sm90FwdTraits<128> : Sm90FwdTraitsBase<128, 128, 2> {};
+// D = 192: 128 x 64, 2 stages (48 + 96 KB).
+template <> struct Sm90FwdTraits<192> : Sm90FwdTraitsBase<192, 64, 2> {};
+// D = 256: 128 x 64, 2 stages (64 + 128 KB).  O is 128 fp32 registers per consumer thread.
+template <> struct Sm90FwdTraits<256> : Sm90FwdTraitsBase<256, 64, 2> {};
+
+}  // namespace fa

@@ -1,0 +1,63 @@
+// sm90/pipeline.cuh -- the producer / consumer handshake of the warp-specialized kernels:
+// mbarriers in shared memory, the proxy fence, register reallocation between warpgroups.
+//
+// A ring of kStages K (and V) buffers; each buffer has a FULL barrier (the producer's threads
+// arrive once the tile has landed) and an EMPTY barrier (every consumer thread arrives once it
+// no longer reads the buffer).  Round r of a buffer completes phase r of its barriers, so a
+// waiter passes `parity = r & 1`; the producer waits EMPTY with the opposite parity, which a
+// fresh barrier (phase 0 in progress) grants at once: round 0 needs no release.
+#pragma once
+#include "../common.cuh"
+
+namespace fa {
+namespace pipe {
+
+__device__ __forceinline__ void bar_init(u32 bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ bool bar_try_wait(u32 bar, int parity) {
+  u32 ok;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(ok)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+// Blocks until phase `parity` of the barrier has completed (try_wait suspends in hardware for
+// a while before it returns false, so this loop does not spin hot).
+__device__ __forceinline__ void bar_wait(u32 bar, int parity) {
+  while (!bar_try_wait(bar, parity)) {
+  }
+}
+
+// Shared memory written by ordinary stores or cp.async (the generic proxy) and read next by
+// wgmma (the async proxy): each writing thread fences after its writes have completed and
+// before it arrives on the barrier the readers wait on.
+__device__ __forceinline__ void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Register reallocation between the warpgroups of one CTA (sm_90a): the producer gives
+// registers back, the consumers take them.  Needs a register cap at kernel entry
+// (__launch_bounds__(threads, 1)); ptxas warns (C7508) when it ignores the instruction.
+template <int kRegs>
+__device__ __forceinline__ void regs_dealloc() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void regs_alloc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+
+// A named barrier among `threads` threads (a multiple of 32) of the CTA; id 0 is __syncthreads.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+}  // namespace pipe
+}  // namespace fa

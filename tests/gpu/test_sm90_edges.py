@@ -1,0 +1,80 @@
+"""The Hopper (sm_90a) prefill path on the edges that matter to its own code: the producer's
+cp.async gather (lengths that are not multiples of the 128 x kBlockN tile, the last partial
+page, page sizes 1 / 7 / 16 / 48 / 64 / 256 with scattered pages), the consumers' per-warpgroup
+tile ranges (causal rows split over two warpgroups, Sq = 1), GQA ratios, and the head-dim
+buckets (64 / 80 / 128 / 200 / 256).  Same oracle and bound as test_gpu_kernels.py; the whole
+GPU suite also runs on this path (it is the default on a 9.0 device; tools/device_sm90.sh runs
+it once per path).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+from test_gpu_kernels import check, make_problem  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sm90_path():
+    from cupy_flashattn._cuda import is_available
+    from cupy_flashattn._cuda.launch import force_prefill_arch
+
+    if not is_available() or int(cupy.cuda.Device().compute_capability) != 90:
+        pytest.skip("the sm_90a kernels need a compute capability 9.0 GPU")
+    force_prefill_arch("sm90")
+    yield
+    force_prefill_arch(None)
+
+
+def _check(problem):
+    from cupy_flashattn._cuda import select_kernel
+
+    assert select_kernel(problem).arch == "sm90"
+    check(problem)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("d", [64, 80, 128, 200, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dims_and_ragged_tiles(dtype, d, causal):
+    rng = np.random.default_rng(d + 7 * causal)
+    _check(make_problem(rng, dtype=dtype, d=d, h=2, lens_q=[97, 300], lens_k=[1025, 131],
+                        causal=causal))
+
+
+@pytest.mark.parametrize("page", [1, 7, 16, 48, 64, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_pages_scattered_partial_last(page, causal):
+    rng = np.random.default_rng(page + 1000 * causal)
+    _check(make_problem(rng, dtype="bf16", d=128, h=8, hk=2, lens_q=[130, 1, 257],
+                        lens_k=[300, 129, 1000], page=page, causal=causal))
+
+
+@pytest.mark.parametrize("ratio", [1, 4, 7, 8])
+def test_gqa_ratios(ratio):
+    rng = np.random.default_rng(ratio)
+    _check(make_problem(rng, dtype="f16", d=64, h=2 * ratio, hk=2, lens_q=[200, 200],
+                        lens_k=[333, 333], causal=True))
+
+
+@pytest.mark.parametrize("sk", [1, 97, 4096])
+def test_single_query_row(sk):
+    rng = np.random.default_rng(sk)
+    _check(make_problem(rng, dtype="bf16", d=128, h=4, lens_q=[1, 1], lens_k=[sk, sk], causal=True))
+
+
+@pytest.mark.parametrize("window", [(32, 0), (100, 100), (-1, 8)])
+def test_windows_alibi_softcap(window):
+    rng = np.random.default_rng(sum(window))
+    _check(make_problem(rng, dtype="f16", d=128, h=3, lens_q=[260, 260], lens_k=[400, 400],
+                        window=window, alibi=True, softcap=30.0))
+
+
+def test_long_causal_many_tiles():
+    rng = np.random.default_rng(42)
+    _check(make_problem(rng, dtype="bf16", d=128, h=2, lens_q=[2049], lens_k=[2049], causal=True))

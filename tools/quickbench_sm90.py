@@ -1,0 +1,85 @@
+"""Quick prefill comparison on one GPU: our sm80 and sm90 families, torch SDPA flash and cuDNN,
+TFLOP/s of back-to-back calls (one sync per 20 calls; host work overlaps the kernels), bf16,
+16k tokens per batch, 16 heads.  A development tool; ``make bench`` is the benchmark of record.
+
+    PYTHONPATH=. python3 tools/quickbench_sm90.py [--rows D,S,causal;...]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+ROWS = "128,4096,0;128,4096,1;64,4096,0;256,4096,0;128,2048,0;128,8192,1"
+
+
+def per_call(fn, n=20) -> float:
+    import cupy
+
+    for _ in range(3):
+        fn()
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    cupy.cuda.runtime.deviceSynchronize()
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    end.synchronize()
+    return cupy.cuda.get_elapsed_time(start, end) / n * 1e-3
+
+
+def torch_rates(q, k, v, causal, flops) -> list:
+    try:
+        import torch
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:
+        return ["torch n/a"]
+    tq, tk, tv = (torch.as_tensor(x.view(np.uint16), device="cuda").view(torch.bfloat16)
+                  .transpose(1, 2) for x in (q, k, v))
+    out = []
+    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        def call():
+            return F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+        try:
+            with sdpa_kernel(backend):
+                out.append(f"{name} {flops / per_call(call) / 1e12:.0f}")
+        except RuntimeError:
+            out.append(f"{name} err")
+    return out
+
+
+def main(argv=None):
+    import cupy
+    import ml_dtypes
+
+    import cupy_flashattn as fa
+    from cupy_flashattn._cuda.launch import force_prefill_arch
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default=ROWS)
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    for item in args.rows.split(";"):
+        d, s, causal = (int(x) for x in item.split(","))
+        causal = bool(causal)
+        b, h = max(1, 16384 // s), 16
+        q, k, v = (cupy.asarray(rng.standard_normal((b, s, h, d)).astype(ml_dtypes.bfloat16))
+                   for _ in range(3))
+        flops = 4 * b * h * s * s * d / (2 if causal else 1)
+        row, outs = [f"D{d} S{s} {'causal' if causal else 'full'}"], {}
+        for arch in ("sm80", "sm90"):
+            force_prefill_arch(arch)
+
+            def call():
+                return fa.flash_attn_func(q, k, v, causal=causal)
+            row.append(f"{arch} {flops / per_call(call) / 1e12:.0f}")
+            outs[arch] = cupy.asnumpy(call()).astype(np.float32)
+        force_prefill_arch(None)
+        row.append(f"maxdiff {np.abs(outs['sm80'] - outs['sm90']).max():.3g}")
+        print("  ".join(row + torch_rates(q, k, v, causal, flops)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
