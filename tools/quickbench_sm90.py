@@ -59,6 +59,8 @@ def main(argv=None):
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default=ROWS)
+    ap.add_argument("--archs", default="sm80,sm90")
+    ap.add_argument("--no-torch", action="store_true")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     for item in args.rows.split(";"):
@@ -69,7 +71,8 @@ def main(argv=None):
                    for _ in range(3))
         flops = 4 * b * h * s * s * d / (2 if causal else 1)
         row, outs = [f"D{d} S{s} {'causal' if causal else 'full'}"], {}
-        for arch in ("sm80", "sm90"):
+        archs = args.archs.split(",")
+        for arch in archs:
             force_prefill_arch(arch)
 
             def call():
@@ -77,8 +80,10 @@ def main(argv=None):
             row.append(f"{arch} {flops / per_call(call) / 1e12:.0f}")
             outs[arch] = cupy.asnumpy(call()).astype(np.float32)
         force_prefill_arch(None)
-        row.append(f"maxdiff {np.abs(outs['sm80'] - outs['sm90']).max():.3g}")
-        print("  ".join(row + torch_rates(q, k, v, causal, flops)), flush=True)
+        if len(archs) == 2:
+            row.append(f"maxdiff {np.abs(outs[archs[0]] - outs[archs[1]]).max():.3g}")
+        print("  ".join(row + ([] if args.no_torch else torch_rates(q, k, v, causal, flops))),
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -230,6 +230,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const SeqInfo& si,
                                          int rows_valid, int n_min, int n_max, int cw, int ctid) {
   constexpr int kNTiles = Tr::kNTiles, kDTiles = Tr::kDTiles, kBlockN = Tr::kBlockN;
   constexpr bool kOverlap = Tr::overlap(Is_paged, Has_transform);
+  constexpr bool kPingPong = Tr::pingpong(Is_paged, Has_transform);
   const int warp = ctid >> 5, lane = ctid & 31;
   const int wg_first = m0 + Tr::kWgRows * cw;  // first sequence row of this warpgroup
   const int wg_rows = imin(Tr::kWgRows, rows_valid - Tr::kWgRows * cw);  // may be <= 0
@@ -251,7 +252,10 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const SeqInfo& si,
     // [n_min, n_max).  The tiles outside are released unread (causal: the diagonal tile of
     // the upper warpgroup; local: the window edges).
     int a_min = n_max, a_max = n_max;
-    if (wg_rows > 0) {
+    if constexpr (kPingPong) {
+      // Ping-pong pairs every tile's turn of the two warpgroups: both visit every tile.
+      a_min = n_min;
+    } else if (wg_rows > 0) {
       Window(p, si.len_k, shift).template tile_range<kBlockN>(wg_first, wg_first + wg_rows - 1,
                                                               a_min, a_max);
       a_max = imin(a_max, n_max);
@@ -303,6 +307,15 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const SeqInfo& si,
         pa[kk][3] = Elem::pack(sacc[0][2 * kk + 1][2], sacc[0][2 * kk + 1][3]);
       }
     };
+    // Ping-pong turns: barrier 1 + cw is "my turn", arrived on by the other warpgroup after
+    // it issued its products; warpgroup 0 goes first (warpgroup 1 arrives once up front).
+    auto my_turn = [&]() {
+      if constexpr (kPingPong) pipe::named_sync(1 + cw, 256);
+    };
+    auto their_turn = [&]() {
+      if constexpr (kPingPong) pipe::named_arrive(2 - cw, 256);
+    };
+    if (cw == 1) their_turn();
     auto issue_s = [&](int n_block) {
       pipe::bar_wait(sm.k_full(stage_of(n_block)), phase_of(n_block));
       wgmma::fence();
@@ -326,7 +339,9 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const SeqInfo& si,
     if constexpr (!kOverlap) {
       // Each tile's P V right after its softmax (one tile of S / P live at a time).
       for (int n_block = a_max - 1; n_block >= a_min; --n_block) {
+        my_turn();
         issue_s(n_block);
+        their_turn();
         wgmma::wait<0>();
         wgmma::fence_operands(sacc[0]);
         softmax_tile(n_block, alpha);
@@ -342,14 +357,18 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const SeqInfo& si,
       // waits for S(n) only, and runs the softmax of tile n while the tensor cores still do
       // P V; O is rescaled after that P V has completed.  Every wgmma and wait sits outside
       // any data-dependent branch: ptxas serializes wgmma otherwise (C7518).
+      my_turn();
       issue_s(a_max - 1);
+      their_turn();
       wgmma::wait<0>();
       wgmma::fence_operands(sacc[0]);
       softmax_tile(a_max - 1, alpha);  // O is still 0: no rescale
       pack_p();
       for (int n_block = a_max - 2; n_block >= a_min; --n_block) {
+        my_turn();
         issue_s(n_block);
         issue_o(n_block + 1);
+        their_turn();
         wgmma::wait<1>();
         wgmma::fence_operands(sacc[0]);
         softmax_tile(n_block, alpha);

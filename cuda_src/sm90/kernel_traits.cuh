@@ -10,6 +10,17 @@
 #pragma once
 #include "../common.cuh"
 
+// Tuning switches (NVRTC -D, e.g. through $CUPY_FLASHATTN_SM90_DEFINES in device sweeps).
+#ifndef FA_SM90_OVERLAP
+#define FA_SM90_OVERLAP 1
+#endif
+#ifndef FA_SM90_PINGPONG
+#define FA_SM90_PINGPONG 1
+#endif
+#ifndef FA_SM90_STAGES_128
+#define FA_SM90_STAGES_128 2
+#endif
+
 namespace fa {
 
 template <int kHeadDim_, int kBlockN_, int kStages_, int kProducerRegs_ = 56>
@@ -28,12 +39,19 @@ struct Sm90FwdTraitsBase {
   // The rest of the entry allocation (168 x 384), a multiple of 8.
   static constexpr int kConsumerRegs = (168 * kNThreads - 128 * kProducerRegs) / (128 * kConsumerWGs) / 8 * 8;
 
-  // Whether the consumers overlap the softmax of tile n with P V of tile n + 1 (flash_fwd.cu):
-  // that keeps S, P and O live at once; the D = 256 softcap/ALiBi paged kernel then spills
-  // (32 bytes: O 128 + S 32 + P 16 registers, the transform and the page mask), so it runs
-  // each P V right after its softmax.
+  // Whether the consumers overlap the softmax of tile n with P V of tile n + 1 (flash_fwd.cu).
+  // Measured with ping-pong on (NOTES.md sm90-v3, bf16 S = 4k, TFLOP/s with / without): D = 64
+  // 410 / 342, D = 128 584 / 556, D = 256 555 / 600 -- at D = 256 the extra live registers
+  // (S, P and O = 128 at once) cost more than the overlap gains, so it runs without.
   __host__ __device__ static constexpr bool overlap(bool paged, bool transform) {
-    return !(paged && transform && kHeadDim == 256);
+    return FA_SM90_OVERLAP && kHeadDim != 256;
+  }
+  // Ping-pong (FlashAttention-3): the two consumer warpgroups take turns issuing their
+  // matrix products (named barriers), so one's softmax runs under the other's wgmma
+  // (D = 128: 584 TFLOP/s with, 491 without).  The D = 256 softcap/ALiBi paged kernel spills
+  // 8 bytes with it (at 56 / 224 registers; at 40 / 232 the producer spills), so not there.
+  __host__ __device__ static constexpr bool pingpong(bool paged, bool transform) {
+    return FA_SM90_PINGPONG && !(paged && transform && kHeadDim == 256);
   }
 
   static constexpr int kNTiles = kBlockN / 8;    // n8 tiles of S per row
@@ -66,7 +84,8 @@ struct Sm90FwdTraits;
 // D = 64: 128 x 128, 3 stages (16 + 96 KB).
 template <> struct Sm90FwdTraits<64> : Sm90FwdTraitsBase<64, 128, 3> {};
 // D = 128: 128 x 128, 2 stages (32 + 128 KB).  S 64 + O 64 fp32 registers per consumer thread.
-template <> struct Sm90FwdTraits<128> : Sm90FwdTraitsBase<128, 128, 2> {};
+// 3 stages (224 KB) measured the same (579 vs 584 TFLOP/s, S = 4k): the producer keeps up.
+template <> struct Sm90FwdTraits<128> : Sm90FwdTraitsBase<128, 128, FA_SM90_STAGES_128> {};
 // D = 192: 128 x 64, 2 stages (48 + 96 KB).
 template <> struct Sm90FwdTraits<192> : Sm90FwdTraitsBase<192, 64, 2> {};
 // D = 256: 128 x 64, 2 stages (64 + 128 KB).  O is 128 fp32 registers per consumer thread.

@@ -55,8 +55,12 @@ __device__ __forceinline__ void regs_alloc() {
 }
 
 // A named barrier among `threads` threads (a multiple of 32) of the CTA; id 0 is __syncthreads.
+// sync waits for the barrier to complete; arrive counts this thread's warp without waiting.
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 }  // namespace pipe

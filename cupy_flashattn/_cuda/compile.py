@@ -391,12 +391,13 @@ def _target_module(source: str, target: str):
     from cupy.cuda import nvrtc
 
     version = ".".join(map(str, nvrtc.getVersion()))
-    digest = hashlib.sha256("\0".join([source, *NVRTC_OPTIONS, target, version]).encode())
+    options = _tuning_defines()
+    digest = hashlib.sha256("\0".join([source, *NVRTC_OPTIONS, *options, target, version]).encode())
     root = os.environ.get("CUPY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cupy",
                                                             "kernel_cache")
     path = os.path.join(root, f"cupy_flashattn_sm{target}_{digest.hexdigest()[:32]}.cubin")
     if not os.path.isfile(path):
-        cubin, _log = compile_for_arch(source, target, verbose=False)
+        cubin, _log = compile_for_arch(source, target, verbose=False, extra_options=options)
         os.makedirs(root, exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "wb") as f:
@@ -450,8 +451,16 @@ def bucket_for(head_dim: int, buckets=HEAD_DIM_BUCKETS) -> int:
     raise ValueError(f"head_dim {head_dim} exceeds the largest bucket {buckets[-1]}")
 
 
+def _tuning_defines() -> list:
+    """``-D`` options from ``$CUPY_FLASHATTN_SM90_DEFINES`` ("FA_SM90_PINGPONG=1,..."): the
+    sm90 kernels' tuning switches (sm90/kernel_traits.cuh), for device sweeps only."""
+    text = os.environ.get("CUPY_FLASHATTN_SM90_DEFINES", "")
+    return [f"-D{d.strip()}" for d in text.split(",") if d.strip()]
+
+
 def compile_for_arch(
-    keys: Union[KernelKey, Sequence[KernelKey], str], arch: Union[int, str], verbose: bool = True
+    keys: Union[KernelKey, Sequence[KernelKey], str], arch: Union[int, str], verbose: bool = True,
+    extra_options: Sequence[str] = (),
 ):
     """Compile keys (or raw source text) for ``sm_<arch>`` with NVRTC -- no GPU needed.
 
@@ -464,7 +473,7 @@ def compile_for_arch(
         families = {k.arch for k in ([keys] if isinstance(keys, KernelKey) else keys)}
         if families == {"sm90"}:
             arch = NVRTC_TARGET["sm90"]  # the only target the Hopper family compiles for
-    opts = [f"--gpu-architecture=sm_{arch}", *NVRTC_OPTIONS]
+    opts = [f"--gpu-architecture=sm_{arch}", *NVRTC_OPTIONS, *extra_options]
     if verbose:
         opts.append("-Xptxas=-v")
     prog = nvrtc.createProgram(src, "flash_fwd.cu", [], [])

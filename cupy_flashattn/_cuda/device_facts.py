@@ -47,7 +47,10 @@ def _evaluate(source: str, expressions: list) -> list:
     prog = nvrtc.createProgram(unit, "device_facts.cu", [], [])
     try:
         try:
-            nvrtc.compileProgram(prog, ["--gpu-architecture=compute_80", "--std=c++17"])
+            from .compile import _tuning_defines
+
+            nvrtc.compileProgram(prog, ["--gpu-architecture=compute_80", "--std=c++17",
+                                        *_tuning_defines()])
         except nvrtc.NVRTCError as e:
             raise RuntimeError(f"device facts: NVRTC failed:\n{nvrtc.getProgramLog(prog)}") from e
         ptx = nvrtc.getPTX(prog).decode()
@@ -67,7 +70,12 @@ def _evaluate(source: str, expressions: list) -> list:
 def _disk_cache() -> Path:
     root = os.environ.get("CUPY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cupy",
                                                             "kernel_cache")
-    return Path(root) / f"cupy_flashattn_device_facts_{source_hash()}.json"
+    import hashlib
+
+    from .compile import _tuning_defines
+
+    tuning = hashlib.sha256(" ".join(_tuning_defines()).encode()).hexdigest()[:8]
+    return Path(root) / f"cupy_flashattn_device_facts_{source_hash()}_{tuning}.json"
 
 
 @functools.cache
