@@ -384,23 +384,35 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const SeqInfo& si,
     skip_tiles(a_min, n_min);
   }
 
-  // Epilogue: O /= l, LSE; rows g and g + 8 of each warp, 4-byte stores of column pairs.
+  // Epilogue: O /= l, LSE.  O goes through this warpgroup's own rows of the Q tile (its last
+  // wgmma has completed; no other warpgroup reads them) so that the global stores are 16-byte
+  // and row-contiguous rather than 4-byte pairs.
   float lse[1][2];
   softmax.finalize(acc_o, c, lse, sink_log2(p.sinks, bidh));
-  const int t = lane & 3;
-  u16* o_head = p.o + (i64)bidh * p.o_head_stride;
+  const int g = lane >> 2, t = lane & 3;
+  const int wg_row0 = Tr::kWgRows * cw;  // this warpgroup's first row of the CTA tile
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int row = row0 + 8 * h;
-    if (row - m0 >= rows_valid) continue;
-    u16* o_row = o_head + (i64)(si.q_start + row) * p.o_row_stride;
+    const int row = wg_row0 + 16 * warp + 8 * h + g;
 #pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt) {
-      const int col = dt * 8 + 2 * t;
-      if (col < p.head_dim)
-        *reinterpret_cast<u32*>(o_row + col) = Elem::pack(acc_o[0][dt][2 * h], acc_o[0][dt][2 * h + 1]);
+    for (int dt = 0; dt < kDTiles; ++dt)
+      st_shared_b32(sm.q + wgmma::tile_offset<Tr::kBlockM>(row, dt) + 4 * t,
+                    Elem::pack(acc_o[0][dt][2 * h], acc_o[0][dt][2 * h + 1]));
+    if (t == 0 && row < rows_valid)
+      p.lse[(i64)bidh * p.lse_head_stride + si.q_start + m0 + row] = lse[0][h];
+  }
+  pipe::named_sync(3 + cw, 128);  // this warpgroup's rows are written
+  u16* o_tile = p.o + (i64)(si.q_start + m0) * p.o_row_stride + (i64)bidh * p.o_head_stride;
+  constexpr int kWgChunks = Tr::kWgRows * Tr::kChunks;
+#pragma unroll
+  for (int i = 0; i < kWgChunks / 128; ++i) {
+    const int idx = i * 128 + ctid;
+    const int row = wg_row0 + idx / Tr::kChunks, chunk = idx % Tr::kChunks;
+    if (row < rows_valid && chunk * 8 < p.head_dim) {
+      u32 r[4];
+      ld_shared_v4(r, sm.q + wgmma::tile_offset<Tr::kBlockM>(row, chunk));
+      st_global_v4(o_tile + (i64)row * p.o_row_stride + chunk * 8, r);
     }
-    if (t == 0) p.lse[(i64)bidh * p.lse_head_stride + si.q_start + row] = lse[0][h];
   }
 }
 
