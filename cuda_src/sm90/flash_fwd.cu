@@ -2,9 +2,10 @@
 //
 // One CTA per (query tile of 128 rows, head, sequence), three warpgroups:
 //   - warpgroup 0, the PRODUCER (setmaxnreg down to kProducerRegs): copies Q once and the K/V
-//     tiles into a kStages ring in shared memory (the SW128 layout of wgmma.cuh), gathering
-//     rows with cp.async -- dense, varlen and paged K/V alike, any page size, rows past the
-//     sequence and absent pages zero-filled -- and signals each tile on its FULL mbarrier;
+//     tiles into a kStages ring in shared memory (the SW128 layout of wgmma.cuh) and signals
+//     each tile on its FULL mbarrier.  Dense / varlen K/V: TMA boxes (the tile holding the end
+//     of the sequence by cp.async, zero-filled past it); paged K/V: rows gathered by cp.async
+//     through the block table, any page size, absent pages zero-filled;
 //   - warpgroups 1 and 2, the CONSUMERS (64 query rows each): S = Q K^T by wgmma with both
 //     operands in shared memory, then the same logit transform, mask and online softmax as the
 //     sm80 kernel (attn/mask.cuh, attn/softmax.cuh: the wgmma accumulator layout per warp is
@@ -170,16 +171,87 @@ __device__ __forceinline__ void producer(const FwdParams& p, const SeqInfo& si,
       const bool any = __any_sync(0xffffffffu, absent);
       if ((t & 31) == 0) sm.flags[s * 4 + (t >> 5)] = any;
     }
+#if FA_SM90_DIAG_NO_LOADS  // diagnostic (wrong results): only the first ring round is loaded
+    if (it < Tr::kStages)
+#endif
     producer_copy<Tr, Is_paged>(sm.k(s), k_head, p, si, n_block, t);
     cp_async_commit();
     // Pending now: [Q or V(it - 1)], K(it).
     producer_signal<1>(it == 0 ? sm.q_full() : sm.v_full((it - 1) % Tr::kStages));
     pipe::bar_wait(sm.v_empty(s), phase ^ 1);
+#if FA_SM90_DIAG_NO_LOADS
+    if (it < Tr::kStages)
+#endif
     producer_copy<Tr, Is_paged>(sm.v(s), v_head, p, si, n_block, t);
     cp_async_commit();
     producer_signal<1>(sm.k_full(s));  // pending: V(it)
   }
   producer_signal<0>(sm.v_full((it - 1) % Tr::kStages));
+}
+
+// The dense producer (no block table): whole key tiles and Q by TMA -- one thread issues the
+// copies of a tile (one box of 64 columns x rows per 128-byte column block, written in the SW128
+// layout by the copy engine itself) and the barrier completes when the bytes have landed; the
+// other producer threads only arrive.  The tile that holds the end of the sequence is gathered
+// by cp.async instead: its rows past len_k must be zeros (a TMA box would read the next
+// sequence's rows, and a NaN there times P = 0 would still be NaN).
+struct TmaMaps {
+  const pipe::TmaDesc* q;  // (head_dim, H, total_q) box (64, 1, kBlockM)
+  const pipe::TmaDesc* k;  // (head_dim, Hk, k_rows) box (64, 1, kBlockN)
+  const pipe::TmaDesc* v;
+};
+
+template <class Tr>
+__device__ __forceinline__ void tma_tile(u32 dst, const pipe::TmaDesc* map, int head, int row, u32 bar,
+                                         int t) {
+  if (t == 0) {
+    pipe::bar_arrive_expect_tx(bar, Tr::kSmemKV);
+#pragma unroll
+    for (int j = 0; j < Tr::kDBlocks; ++j)
+      pipe::tma_load_3d(dst + j * Tr::kBlockN * wgmma::kSwizzleRowBytes, map, 64 * j, head, row, bar);
+  } else {
+    pipe::bar_arrive(bar);
+  }
+}
+
+template <class Tr>
+__device__ __forceinline__ void producer_dense(const FwdParams& p, const SeqInfo& si,
+                                               const Sm90Smem<Tr>& sm, const TmaMaps& maps,
+                                               int bidh, int m0, int n_min, int n_max, int t) {
+  if (t == 0) {
+    pipe::bar_arrive_expect_tx(sm.q_full(), Tr::kSmemQ);
+#pragma unroll
+    for (int j = 0; j < Tr::kDBlocks; ++j)
+      pipe::tma_load_3d(sm.q + j * Tr::kBlockM * wgmma::kSwizzleRowBytes, maps.q, 64 * j, bidh,
+                        si.q_start + m0, sm.q_full());
+  } else {
+    pipe::bar_arrive(sm.q_full());
+  }
+  const int hk = bidh / p.h_per_kv;
+  const u16* k_head = p.k + si.kv_head_off;
+  const u16* v_head = p.v + si.kv_head_off;
+  int it = 0;
+  for (int n_block = n_max - 1; n_block >= n_min; --n_block, ++it) {
+    const int s = it % Tr::kStages, phase = (it / Tr::kStages) & 1;
+    const bool whole = (n_block + 1) * Tr::kBlockN <= si.len_k;
+    const int row = si.k_start + n_block * Tr::kBlockN;
+    pipe::bar_wait(sm.k_empty(s), phase ^ 1);
+    if (whole) {
+      tma_tile<Tr>(sm.k(s), maps.k, hk, row, sm.k_full(s), t);
+    } else {
+      producer_copy<Tr, false>(sm.k(s), k_head, p, si, n_block, t);
+      cp_async_commit();
+      producer_signal<0>(sm.k_full(s));
+    }
+    pipe::bar_wait(sm.v_empty(s), phase ^ 1);
+    if (whole) {
+      tma_tile<Tr>(sm.v(s), maps.v, hk, row, sm.v_full(s), t);
+    } else {
+      producer_copy<Tr, false>(sm.v(s), v_head, p, si, n_block, t);
+      cp_async_commit();
+      producer_signal<0>(sm.v_full(s));
+    }
+  }
 }
 
 // ---- Consumer -------------------------------------------------------------------------------
@@ -295,7 +367,11 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const SeqInfo& si,
           mask.window.template tile_needs_mask<kBlockN>(n_block, wg_first, wg_first + wg_rows - 1))
         mask.apply(sacc, row0, tile_col0, col_in_tile0, absent_ids);
       pipe::bar_arrive(sm.k_empty(s));  // K and the page ids of this stage are free
+#if FA_SM90_DIAG_NO_SOFTMAX  // diagnostic (wrong results): P = S, no exp2 / row statistics
+      alpha[0][0] = alpha[0][1] = 1.f;
+#else
       softmax.to_probabilities(sacc, c, alpha);  // sacc holds P (fp32)
+#endif
     };
     // The A fragments of P for keys 16 kk .. 16 kk + 15: S tiles 2 kk and 2 kk + 1, packed.
     auto pack_p = [&]() {
@@ -417,7 +493,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const SeqInfo& si,
 }
 
 template <class Tr, class Elem, bool Has_transform, bool Is_paged>
-__device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p) {
+__device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps& maps) {
   extern __shared__ __align__(16) unsigned char smem[];  // aligned up by Sm90Smem
   const int tidx = threadIdx.x, wg = tidx >> 7;
   const int bidb = blockIdx.z, bidh = blockIdx.y;
@@ -456,7 +532,13 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p) {
 
   if (wg == 0) {
     pipe::regs_dealloc<Tr::kProducerRegs>();
-    if (n_max > n_min) producer<Tr, Is_paged>(p, si, sm, bidh, m0, rows_valid, n_min, n_max, tidx);
+    if (n_max > n_min) {
+      if constexpr (Is_paged) {
+        producer<Tr, true>(p, si, sm, bidh, m0, rows_valid, n_min, n_max, tidx);
+      } else {
+        producer_dense<Tr>(p, si, sm, maps, bidh, m0, n_min, n_max, tidx);
+      }
+    }
   } else {
     pipe::regs_alloc<Tr::kConsumerRegs>();
     consumer<Tr, Elem, Has_transform, Is_paged>(p, si, sm, bidb, bidh, m0, rows_valid, n_min,

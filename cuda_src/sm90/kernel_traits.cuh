@@ -17,6 +17,14 @@
 #ifndef FA_SM90_PINGPONG
 #define FA_SM90_PINGPONG 1
 #endif
+// Diagnostics only (their results are wrong): skip the K/V copies after the first ring round,
+// or the softmax -- to measure how far the loads or the softmax hold the kernel back.
+#ifndef FA_SM90_DIAG_NO_LOADS
+#define FA_SM90_DIAG_NO_LOADS 0
+#endif
+#ifndef FA_SM90_DIAG_NO_SOFTMAX
+#define FA_SM90_DIAG_NO_SOFTMAX 0
+#endif
 #ifndef FA_SM90_STAGES_128
 #define FA_SM90_STAGES_128 2
 #endif

@@ -35,6 +35,33 @@ __device__ __forceinline__ void bar_wait(u32 bar, int parity) {
   }
 }
 
+// Arrive and add `bytes` to the transaction count of the current phase: the phase completes
+// once every arrival is in and that many bytes have landed (TMA copies complete_tx on it).
+__device__ __forceinline__ void bar_arrive_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+// ---- TMA (the tensor memory accelerator, sm_90) ---------------------------------------------
+// A tensor map (CUtensorMap: the driver's opaque 128-byte descriptor of a global tensor and a
+// box shape, encoded on the host by cuTensorMapEncodeTiled, _cuda/tma.py), passed inside the
+// kernel's __grid_constant__ argument struct.
+struct alignas(64) TmaDesc {
+  u64 opaque[16];
+};
+
+// Copy the box at coordinates (c0, c1, c2) (innermost first, in elements) of the tensor `desc`
+// describes into shared memory at `dst`, completing `bytes` of barrier `bar`'s transaction.
+// Coordinates outside the tensor read zeros (the box still counts whole).
+__device__ __forceinline__ void tma_load_3d(u32 dst, const TmaDesc* desc, int c0, int c1, int c2,
+                                            u32 bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3, %4}], [%5];" ::"r"(dst),
+      "l"(reinterpret_cast<u64>(desc)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
 // Shared memory written by ordinary stores or cp.async (the generic proxy) and read next by
 // wgmma (the async proxy): each writing thread fences after its writes have completed and
 // before it arrives on the barrier the readers wait on.

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence, Union
 
 from .packing import ArgPack
+from .tma import TmaArgPack
 from .source import build_source
 
 __all__ = [
@@ -263,6 +264,8 @@ def shipped_keys(arch: str = "sm80") -> list:
 
 #: The forward entry points' one argument (see packing.py): PARAMS as a struct.
 FWD_ARGS = ArgPack("fa_fwd_args", PARAMS)
+#: The sm90 entry points' argument: the TMA maps of q, k, v, then FWD_ARGS (tma.py).
+SM90_ARGS = TmaArgPack("fa_fwd_sm90_args", FWD_ARGS)
 
 
 def _wrapper(key: KernelKey) -> str:
@@ -295,10 +298,11 @@ def _wrapper_sm90(key: KernelKey) -> str:
 static_assert({tr_cxx}::kNThreads == {t.num_threads} && {tr_cxx}::kSmemBytes == {t.smem_bytes},
               "{key.name}: the host's launch geometry differs from sm90/kernel_traits.cuh");
 extern "C" __global__ void __launch_bounds__({t.num_threads}, 1) {key.name}(
-    const fa_fwd_args a) {{
+    const __grid_constant__ fa_fwd_sm90_args a) {{
   fa::FwdParams p;
-{FWD_ARGS.assign("p")}
-  fa::flash_fwd_sm90<{tr_cxx}, {elem}, {b(key.transform)}, {b(key.paged)}>(p);
+{FWD_ARGS.assign("p", "a.base")}
+  const fa::TmaMaps maps{{&a.tma_q, &a.tma_k, &a.tma_v}};
+  fa::flash_fwd_sm90<{tr_cxx}, {elem}, {b(key.transform)}, {b(key.paged)}>(p, maps);
 }}
 """
 
@@ -311,8 +315,10 @@ def kernel_source(keys: Union[KernelKey, Iterable[KernelKey]]) -> str:
     archs = {k.arch for k in keys} or {"sm80"}
     if len(archs) != 1:
         raise ValueError(f"one module per kernel family; got keys of {sorted(archs)}")
-    return (build_source(f"{archs.pop()}/flash_fwd.cu") + '#line 1 "<generated entry points>"\n'
-            + FWD_ARGS.c_struct() + "".join(_wrapper(k) for k in keys))
+    arch = archs.pop()
+    structs = FWD_ARGS.c_struct() + (SM90_ARGS.c_struct() if arch == "sm90" else "")
+    return (build_source(f"{arch}/flash_fwd.cu") + '#line 1 "<generated entry points>"\n'
+            + structs + "".join(_wrapper(k) for k in keys))
 
 
 def get_kernel(key: KernelKey):

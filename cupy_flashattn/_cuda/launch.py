@@ -24,9 +24,10 @@ import numpy as np
 from ..problem import AttentionProblem
 from .args import Operands, compute_dtype, problem_pointers
 from .args import aligned as _aligned
-from .compile import (FWD_ARGS, SM90_HEAD_DIM_BUCKETS, SM90_UNSHIPPED, KernelKey, bucket_for,
-                      get_kernel, kernel_dtype_tag, traits)
-from .launcher import Launch, launch_packed
+from .compile import (FWD_ARGS, SM90_ARGS, SM90_HEAD_DIM_BUCKETS, SM90_UNSHIPPED, KernelKey,
+                      bucket_for, get_kernel, kernel_dtype_tag, traits)
+from .launcher import Launch, TmaLaunch, launch_packed
+from .tma import fwd_geometries
 
 __all__ = ["run_attention", "is_available", "select_kernel", "prefill_arch", "force_prefill_arch",
            "PREFILL_ARCH_ENV"]
@@ -158,12 +159,24 @@ class PrefillPlan:
         self.smem = tr.smem_bytes
         self.empty = not (self.grid[0] > 0 and self.grid[2] > 0 and p.total_q > 0)
         self.kernel = None if self.empty else get_kernel(key)
+        # sm90: the struct also carries TMA maps of q, k, v (dense kernels; paged ones gather).
+        self.tma = key.arch == "sm90"
+        self.tile = (tr.block_m, tr.block_n, key.paged)
         ops = Operands(p, self.compute_dtype)
         self.direct = ops.direct
         self.launch = None
         if self.direct and not self.empty:
-            template = FWD_ARGS.new(ops.fwd_values(len_q_min=len_q_min))
-            self.launch = Launch(self.kernel, self.grid, self.block, self.smem, FWD_ARGS, template)
+            values = ops.fwd_values(len_q_min=len_q_min)
+            if self.tma:
+                self.launch = TmaLaunch(self.kernel, self.grid, self.block, self.smem, SM90_ARGS,
+                                        SM90_ARGS.new(values), self._geometries(values))
+            else:
+                self.launch = Launch(self.kernel, self.grid, self.block, self.smem, FWD_ARGS,
+                                     FWD_ARGS.new(values))
+
+    def _geometries(self, values):
+        block_m, block_n, paged = self.tile
+        return None if paged else fwd_geometries(values, block_m, block_n)
 
     def run(self, p: AttentionProblem) -> None:
         if self.direct:
@@ -172,7 +185,15 @@ class PrefillPlan:
             return
         ops = Operands(p, self.compute_dtype)
         if not self.empty:
-            args = FWD_ARGS.new(ops.fwd_values(len_q_min=self.len_q_min))
+            values = ops.fwd_values(len_q_min=self.len_q_min)
+            if self.tma:
+                args = SM90_ARGS.new(values)
+                geometries = self._geometries(values)
+                if geometries is not None:
+                    SM90_ARGS.write_maps(args.view(np.uint64), geometries,
+                                         [values[n].data.ptr for n in ("q", "k", "v")])
+            else:
+                args = FWD_ARGS.new(values)
             launch_packed(self.kernel, self.grid, self.block, args, self.smem)
         ops.finish()
 

@@ -25,7 +25,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["Launch", "launch_packed"]
+__all__ = ["Launch", "TmaLaunch", "launch_packed"]
 
 
 _LAUNCH_KERNEL = None  # cupy_backends' driver.launchKernel, imported on first use (CuPy optional)
@@ -75,6 +75,26 @@ class Launch:
         the first launch."""
         words, _params, params_ptr = self._buffers()
         self.pack.write_pointers(words, pointers)
+        gx, gy, gz, bx, by, bz = self.dims
+        _LAUNCH_KERNEL(self.function_ptr, gx, gy, gz, bx, by, bz, self.smem,
+                       _CURRENT_STREAM().ptr, params_ptr, 0)
+
+
+class TmaLaunch(Launch):
+    """A :class:`Launch` of an sm90 kernel whose struct (``tma.TmaArgPack``) also carries the
+    TMA maps of q, k, v: they hold the arrays' addresses, so each call re-encodes them
+    (``geometries``: the plan's ``tma.TmaGeometry`` triple; None for kernels without TMA)."""
+
+    def __init__(self, kernel, grid, block, smem: int, pack, template: np.ndarray, geometries):
+        super().__init__(kernel, grid, block, smem, pack, template)
+        self.geometries = geometries
+
+    def __call__(self, pointers: dict) -> None:
+        words, _params, params_ptr = self._buffers()
+        self.pack.write_pointers(words, pointers)
+        if self.geometries is not None:
+            self.pack.write_maps(words, self.geometries,
+                                 [pointers[n].data.ptr for n in ("q", "k", "v")])
         gx, gy, gz, bx, by, bz = self.dims
         _LAUNCH_KERNEL(self.function_ptr, gx, gy, gz, bx, by, bz, self.smem,
                        _CURRENT_STREAM().ptr, params_ptr, 0)

@@ -1,0 +1,147 @@
+"""Tensor maps for the Hopper kernels' TMA loads, and the argument struct that carries them.
+
+A TMA copy (``cp.async.bulk.tensor``, ``cuda_src/sm90/pipeline.cuh``) reads a box of a global
+tensor described by a *tensor map*: the driver's opaque 128-byte ``CUtensorMap``, built on the
+host by ``cuTensorMapEncodeTiled`` and passed to the kernel by value (``__grid_constant__``).
+We call the driver library through ``ctypes`` -- the function is part of the CUDA driver API
+that every CuPy installation already loads (``libcuda.so.1`` / ``nvcuda.dll``), so this needs no
+extra dependency -- and never pack the map ourselves.
+
+A map holds the tensor's address, so it is re-encoded per call (a plan replayed on new arrays):
+three driver calls of ~1 µs each on the host, no device work, safe under stream capture.  The
+sm90 entry points take ``fa_fwd_sm90_args`` = three maps (q, k, v) + ``fa_fwd_args``
+(:class:`TmaArgPack`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+import numpy as np
+
+from .packing import ArgPack
+
+__all__ = ["TmaArgPack", "TmaGeometry", "encode_tiled"]
+
+MAP_BYTES = 128
+MAP_NAMES = ("tma_q", "tma_k", "tma_v")
+
+# cuda.h enums (CUtensorMapDataType, ...Interleave, ...Swizzle, ...L2promotion, ...FloatOOBfill).
+_UINT16 = 1  # the copy moves bits: one map type serves float16 and bfloat16
+_INTERLEAVE_NONE = 0
+_SWIZZLE_128B = 3  # the SW128 layout of cuda_src/sm90/wgmma.cuh
+_L2_PROMOTION_256B = 3
+_OOB_ZERO = 0  # coordinates outside the tensor read zeros
+
+_ENCODE = None
+
+
+def _encoder():
+    """``cuTensorMapEncodeTiled`` of the driver library, bound once."""
+    global _ENCODE
+    if _ENCODE is None:
+        lib = ctypes.WinDLL("nvcuda.dll") if sys.platform == "win32" else ctypes.CDLL("libcuda.so.1")
+        fn = lib.cuTensorMapEncodeTiled
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
+                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                       ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        _ENCODE = fn
+    return _ENCODE
+
+
+class TmaGeometry:
+    """The shape, strides and box of one 3-D tensor map of 16-bit elements, as ctypes arrays
+    made once per plan (only the address changes per call).
+
+    dims, strides: innermost first, in elements (strides of dims 1 and 2; multiples of 8, i.e.
+    16 bytes, as TMA requires); box: the box in elements (box[0] * 2 bytes <= 128 with the
+    128-byte swizzle).  A zero dim is encoded as 1: no box of it is ever loaded."""
+
+    def __init__(self, dims, strides, box):
+        self.dims = (ctypes.c_uint64 * 3)(*(max(1, int(d)) for d in dims))
+        self.strides = (ctypes.c_uint64 * 2)(*(2 * int(s) for s in strides))
+        self.box = (ctypes.c_uint32 * 3)(*(int(b) for b in box))
+        self.elem_strides = (ctypes.c_uint32 * 3)(1, 1, 1)
+
+    def encode(self, out_address: int, global_address: int) -> None:
+        """Write the map of the tensor at ``global_address`` to the 128 bytes at ``out_address``."""
+        err = _encoder()(out_address, _UINT16, 3, global_address, self.dims, self.strides,
+                         self.box, self.elem_strides, _INTERLEAVE_NONE, _SWIZZLE_128B,
+                         _L2_PROMOTION_256B, _OOB_ZERO)
+        if err != 0:
+            raise RuntimeError(
+                f"cuTensorMapEncodeTiled failed (CUresult {err}) for dims "
+                f"{list(self.dims)}, byte strides {list(self.strides)}, box {list(self.box)}, "
+                f"address {global_address:#x}")
+
+
+def encode_tiled(dims, strides, box, global_address: int) -> bytes:
+    """One map as bytes (tests and debugging)."""
+    buf = np.zeros(MAP_BYTES // 8, np.uint64)
+    TmaGeometry(dims, strides, box).encode(buf.ctypes.data, global_address)
+    return buf.tobytes()
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+class TmaArgPack:
+    """``fa_fwd_sm90_args``: the maps of q, k, v (64-byte aligned, at offsets 0 / 128 / 256)
+    then the ``base`` struct at byte 384, the size rounded up to 64 (the struct's alignment).
+    Same interface as :class:`~.packing.ArgPack` for the launcher (``pointer_words``, ``new``,
+    ``write_pointers``); the maps are written by :meth:`write_maps`."""
+
+    def __init__(self, struct_name: str, base: ArgPack):
+        self.struct_name = struct_name
+        self.base = base
+        self.base_offset = len(MAP_NAMES) * MAP_BYTES
+        self.size = _round_up(self.base_offset + base.dtype.itemsize, 64)
+        self.pointer_words = {n: w + self.base_offset // 8 for n, w in base.pointer_words.items()}
+        self.void = np.dtype((np.void, self.size))
+
+    def c_struct(self) -> str:
+        maps = " ".join(f"fa::pipe::TmaDesc {n};" for n in MAP_NAMES)
+        return (f"struct alignas(64) {self.struct_name} {{\n  {maps}\n  {self.base.struct_name} base;\n}};\n"
+                f"static_assert(sizeof({self.struct_name}) == {self.size}, "
+                f"\"{self.struct_name}: size differs from the host's layout\");\n")
+
+    def new(self, values: dict) -> np.ndarray:
+        """A launchable (1,)-array: ``values`` in the base struct, the maps left zero."""
+        words = np.zeros(self.size // 8, np.uint64)
+        base = self.base.new(values).view(np.uint64)
+        words[self.base_offset // 8: self.base_offset // 8 + base.size] = base
+        return words.view(self.void)
+
+    def write_pointers(self, words: np.ndarray, pointers: dict) -> None:
+        pw = self.pointer_words
+        for name, value in pointers.items():
+            words[pw[name]] = 0 if value is None else value.data.ptr
+
+    @staticmethod
+    def write_maps(words: np.ndarray, geometries, addresses) -> None:
+        """Encode map i (q, k, v) of ``addresses[i]`` with ``geometries[i]`` into ``words``."""
+        base = words.ctypes.data
+        for i, (geo, addr) in enumerate(zip(geometries, addresses)):
+            geo.encode(base + i * MAP_BYTES, addr)
+
+
+def fwd_geometries(values: dict, block_m: int, block_n: int):
+    """The q, k, v map geometries of a dense prefill launch from its FwdParams ``values``:
+    q (head_dim, H, total_q) box (64, 1, block_m); k, v (head_dim, Hk, k_rows) box
+    (64, 1, block_n).  (The kernels load head_dim in 64-column boxes; columns past head_dim
+    read zeros.)"""
+    d, h = int(values["head_dim"]), int(values["num_heads"])
+    hk = h // int(values["h_per_kv"])
+
+    def stride(s, n):  # the stride of a dim of size 1 is never used; TMA still wants 16 bytes
+        return int(s) if n > 1 else 8
+
+    q_rows, k_rows = int(values["total_q"]), int(values["k_rows"])
+    q = TmaGeometry((d, h, q_rows), (stride(values["q_head_stride"], h),
+                                     stride(values["q_row_stride"], q_rows)), (64, 1, block_m))
+    kv = TmaGeometry((d, hk, k_rows), (stride(values["k_head_stride"], hk),
+                                       stride(values["k_row_stride"], k_rows)), (64, 1, block_n))
+    return (q, kv, kv)
