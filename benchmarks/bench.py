@@ -102,6 +102,35 @@ def time_interleaved(fns, warmup=3, rounds=KERNEL_ROUNDS, sample=kernel_sample):
     return {name: float(np.median(t)) for name, t in ts.items()}
 
 
+#: Extra layouts that time the dense problem on a forced prefill family (the path column):
+#: on a compute capability 9.0 GPU "dense" runs the sm90 family, "dense-sm80" the mma.sync one.
+ARCH_MODES = {"dense-sm80": "sm80"}
+
+
+def _forced(arch, fn):
+    """``fn`` run with the prefill family forced to ``arch`` (a cheap switch, see
+    ``force_prefill_arch``; the call cache keeps both paths' plans)."""
+    from cupy_flashattn._cuda.launch import force_prefill_arch
+
+    def run():
+        force_prefill_arch(arch)
+        try:
+            return fn()
+        finally:
+            force_prefill_arch(None)
+
+    return run
+
+
+def prefill_modes() -> tuple:
+    """The layouts of a case: dense (the default path), the sm80 path beside it on a 9.0 GPU,
+    varlen, paged 16 and 256."""
+    import cupy
+
+    hopper = int(cupy.cuda.Device().compute_capability) == 90
+    return ("dense",) + (tuple(ARCH_MODES) if hopper else ()) + ("varlen", "paged16", "paged256")
+
+
 class Case:
     """Inputs of one (dtype, D, S, causal) point, shared by every provider."""
 
@@ -139,7 +168,7 @@ class Case:
 
         b, s, h, d = self.b, self.s, self.h, self.d
         every = cupy.asarray(np.arange(0, b * s + 1, s, dtype=np.int32))  # b sequences of s
-        if mode == "dense":
+        if mode.startswith("dense"):  # "dense" and "dense-sm80" (ARCH_MODES) share arrays
             return dict(k=self.k, v=self.v, cu_q=every, cu_k=every, max_len=s, flops=self.flops,
                         table=None, page=0)  # fmt: skip
         if mode == "varlen":
@@ -191,6 +220,8 @@ class Case:
 
         b, s, h, d = self.b, self.s, self.h, self.d
         lay, causal = self.layout(mode), self.causal
+        if mode in ARCH_MODES:
+            return _forced(ARCH_MODES[mode], self.user_call("dense"))
         if mode == "dense":
             q4, k4, v4 = (a.reshape(b, s, h, d) for a in (self.q, self.k, self.v))
             return lambda: fa.flash_attn_func(q4, k4, v4, causal=causal)
@@ -253,8 +284,8 @@ def check_errors(case, probs, call_fns, ref):
         o = call_fns[mode]() if mode in call_fns else prob.out
         o = o.reshape(case.q.shape).astype(np.float32)
         err = float("nan")
-        if mode == "dense":
-            dense_out = o
+        if mode.startswith("dense"):
+            dense_out = o if mode == "dense" else dense_out
             if ref is not None:
                 err = float(cupy.abs(o - ref).max())
         elif mode.startswith("paged") and dense_out is not None:
@@ -282,6 +313,8 @@ def run_case(case, modes, providers=("flash", "cudnn"), check=True, measures=("k
             print(f"# torch flash failed: {e}", file=sys.stderr)
     probs = {mode: case.problem(mode) for mode in modes}
     kernel_fns = {mode: (lambda prob=prob: _cuda.run_attention(prob)) for mode, (prob, _) in probs.items()}
+    for mode in set(ARCH_MODES) & set(kernel_fns):
+        kernel_fns[mode] = _forced(ARCH_MODES[mode], kernel_fns[mode])
     user_facing = "call" in measures or "b2b" in measures
     call_fns = {mode: case.user_call(mode) for mode in modes} if user_facing else {}
     peers = torch_peers(case, providers)
@@ -498,7 +531,7 @@ def plot_rows(rows, out):
     for dt, d, causal in groups:
         sel = [r for r in rows if (r["dtype"], r["d"], r["causal"]) == (dt, d, causal)]
         fig, ax = plt.subplots(figsize=(6, 4))
-        for mode in ("dense", "varlen", "paged16", "paged256"):
+        for mode in ("dense", *ARCH_MODES, "varlen", "paged16", "paged256"):
             pts = [(r["seqlen"], r["tflops"]) for r in sel if r["mode"] == mode]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=f"cupy_flashattn {mode}")
@@ -562,16 +595,21 @@ def main(argv=None):
             for s in seqs:
                 for causal in (False, True):
                     case = Case(dt, d, s, causal, torch)
-                    res, tres = run_case(case, ("dense", "varlen", "paged16", "paged256"),
-                                         providers=PEERS, measures=MEASURES)  # fmt: skip
+                    res, tres = run_case(case, prefill_modes(), providers=PEERS,
+                                         measures=MEASURES)
                     for row in make_rows(case, res, tres):
                         rows.append(row)
                         _print_row(row)
                     del case
     print(f"# bench took {time.time() - t_start:.0f}s", flush=True)
     write_csv(rows, os.path.join(args.out, "bench.csv"))
-    tiles = ", ".join(f"D={d}: {cc.traits(d).block_m}x{cc.traits(d).block_n}, "
-                      f"{cc.traits(d).num_warps} warps" for d in args.dims)  # fmt: skip
+    from cupy_flashattn._cuda.launch import prefill_arch
+
+    arch = prefill_arch(128, False, False)
+    tiles = f"dense / varlen / paged rows on the {arch} family" + (
+        " (dense-sm80: the mma.sync family on the same problem)" if arch == "sm90" else "") + "; "
+    tiles += ", ".join(f"D={d}: {cc.traits(d, arch).block_m}x{cc.traits(d, arch).block_n}, "
+                       f"{cc.traits(d, arch).num_warps} warps" for d in args.dims)  # fmt: skip
     write_md_section(os.path.join(args.out, "h200.md"), results_table(rows, tiles))
     try:
         plot_rows(rows, args.out)

@@ -40,6 +40,11 @@ def _ndarray_type():
     return _CUPY_NDARRAY
 
 
+#: The prefill kernel family a caller forced (``_cuda.launch.force_prefill_arch``; None: auto):
+#: part of every key, since a plan holds the kernel it chose.
+PLAN_VARIANT = [None]
+
+
 def signature(arrays, scalars):
     """A hashable signature of one call, or None when the call must not be cached (an array
     argument that is not a CuPy array or None, or a scalar of an unexpected type)."""
@@ -70,6 +75,7 @@ def signature(arrays, scalars):
     if _GET_DEVICE is None:
         return None
     sig.append(_GET_DEVICE())
+    sig.append(PLAN_VARIANT[0])
     return tuple(sig)
 
 

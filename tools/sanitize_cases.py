@@ -103,8 +103,10 @@ def logits(rng, mode, H):
 # -- cases ------------------------------------------------------------------------------------
 
 
-def prefill_dense(rng, dt, D, mode):
-    B, Sq, Sk, H, Hk = 2, 80, 100, 2, 1  # 160 packed rows per kv head: the prefill kernel
+def prefill_dense(rng, dt, D, mode, long=False):
+    # 160 packed rows per kv head: the prefill kernel.  long: keys over three 128-key tiles, so
+    # the sm90 kernel loads two whole tiles by TMA and the sequence-end tile by cp.async.
+    B, Sq, Sk, H, Hk = (1, 200, 300, 4, 1) if long else (2, 80, 100, 2, 1)
     q, k, v = randn(rng, (B, Sq, H, D), dt), randn(rng, (B, Sk, Hk, D), dt), randn(rng, (B, Sk, Hk, D), dt)
     api, ref = logits(rng, mode, H)
     out = poisoned(q.shape, dt)
@@ -313,6 +315,10 @@ def cases():
         ("prefill varlen float16-d128-local", lambda r: prefill_varlen(r, F16, 128, "local")),
         ("prefill dense bfloat16-d128 causal sinks",
          lambda r: prefill_dense(r, BF16, 128, "causal_sinks")),
+        ("prefill dense long (TMA tiles) float16-d128 causal",
+         lambda r: prefill_dense(r, F16, 128, "causal", long=True)),
+        ("prefill dense long (TMA tiles) bfloat16-d64 softcap_alibi",
+         lambda r: prefill_dense(r, BF16, 64, "softcap_alibi", long=True)),
         ("decode paged P=16 bfloat16-d128 splits=3 sinks",
          lambda r: decode(r, BF16, 128, 3, P=16, sinks=True)),
         ("decode float16-d64 splits=1 sinks", lambda r: decode(r, F16, 64, 1, sinks=True)),

@@ -40,14 +40,15 @@ _DEVICE_CC: dict = {}  # device id -> compute capability (an int such as 90)
 
 
 def force_prefill_arch(arch) -> None:
-    """Force the prefill family for the rest of the process ("sm80", "sm90"; None: back to
-    ``$CUPY_FLASHATTN_PREFILL_ARCH`` / auto).  Clears the call cache, whose plans hold a kernel."""
-    from .._signature import CALLS
+    """Force the prefill family from now on ("sm80", "sm90"; None or "auto": back to
+    ``$CUPY_FLASHATTN_PREFILL_ARCH`` / auto), e.g. to compare the two paths in one process.
+    Cheap (a benchmark may switch per call): the forced family is part of the call cache's key,
+    so the plans of either path stay cached."""
+    from .._signature import PLAN_VARIANT
 
     if arch not in (None, "auto", "sm80", "sm90"):
         raise ValueError(f"force_prefill_arch: arch must be 'sm80', 'sm90', 'auto' or None, got {arch!r}")
-    _FORCED["arch"] = None if arch == "auto" else arch
-    CALLS.clear()
+    _FORCED["arch"] = PLAN_VARIANT[0] = None if arch == "auto" else arch
 
 
 def _device_cc() -> int:
