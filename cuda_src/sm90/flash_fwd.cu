@@ -71,8 +71,10 @@ struct ProducerRows {
 #pragma unroll
       for (int i = 0; i < kRows; ++i) {
         const int row = (t >> 3) + 16 * i;
-        const int id = page_of(si, n_block * Tr::kBlockN + row);
-        absent |= id != -1 && !page_present((unsigned)id, p.k_rows);
+        const int pos = n_block * Tr::kBlockN + row;
+        const int id = page_of(si, pos);
+        // A key whose table entry is absent (-1 included: the flag must not read the id).
+        absent |= pos < si.len_k && !page_present((unsigned)id, p.k_rows);
         if ((t & 7) == 0) ids[row] = id;
       }
     }
