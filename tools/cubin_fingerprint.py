@@ -7,7 +7,7 @@ same instructions as before, which a CPU-only machine can prove.  Prints one lin
 SHA-256 of its cubin.  NVRTC_OPTIONS carry no -lineinfo, so source positions do not enter the
 cubin.
 
-    python3 tools/cubin_fingerprint.py [--arch 80 90] > before.txt   # then diff with after
+    python3 tools/cubin_fingerprint.py [--arch 80 90 90a] > before.txt   # then diff with after
 """
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ from cupy_flashattn._cuda import compile as cc  # noqa: E402
 from cupy_flashattn._cuda import decode as dc  # noqa: E402
 
 
-def modules():
+def modules(arch):
+    if arch == "90a":  # the Hopper family is built for sm_90a only
+        yield "prefill sm90(all shipped keys)", cc.kernel_source(cc.shipped_keys("sm90"))
+        return
     yield "prefill(all shipped keys)", cc.kernel_source(list(cc.shipped_keys()))
     keys = [dc.DecodeKey(dt, b) for dt in ("f16", "bf16") for b in dc.DECODE_BUCKETS]
     yield "decode(all buckets)", dc.decode_source(keys, combine=False)
@@ -33,10 +36,10 @@ def modules():
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", nargs="+", default=["80", "90"])
+    ap.add_argument("--arch", nargs="+", default=["80", "90", "90a"])
     args = ap.parse_args(argv)
     for arch in args.arch:
-        for name, src in modules():
+        for name, src in modules(arch):
             cubin, _ = cc.compile_for_arch(src, arch, verbose=False)
             print(f"sm_{arch} {name:28s} {hashlib.sha256(cubin).hexdigest()} {len(cubin)}",
                   flush=True)

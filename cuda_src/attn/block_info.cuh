@@ -72,6 +72,19 @@ struct SeqInfo {
   i64 kv_head_off;   // element offset of kv head h / h_per_kv in k / v
   const int* table;  // block-table row of this sequence (paged)
   PageDiv page;      // position -> page index (paged)
+
+  // Sequence b's geometry for query head h (one thread fills the shared copy).
+  template <bool Is_paged>
+  __device__ void resolve(const FwdParams& p, int b, int h) {
+    const BlockInfo<Is_paged> info(p, b);
+    q_start = info.q_start;
+    len_q = info.len_q;
+    k_start = info.k_start;
+    len_k = info.len_k;
+    kv_head_off = (i64)(h / p.h_per_kv) * p.k_head_stride;  // GQA/MQA: no K/V copies
+    table = info.table;
+    if (Is_paged) page = PageDiv::make(p.page_size);
+  }
 };
 
 }  // namespace fa

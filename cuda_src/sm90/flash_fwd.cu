@@ -505,14 +505,7 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
 
   __shared__ SeqInfo seq;
   if (tidx == 0) {
-    const BlockInfo<Is_paged> info(p, bidb);
-    seq.q_start = info.q_start;
-    seq.len_q = info.len_q;
-    seq.k_start = info.k_start;
-    seq.len_k = info.len_k;
-    seq.kv_head_off = (i64)(bidh / p.h_per_kv) * p.k_head_stride;
-    seq.table = info.table;
-    if (Is_paged) seq.page = PageDiv::make(p.page_size);
+    seq.resolve<Is_paged>(p, bidb, bidh);
     pipe::bar_init(sm.q_full(), 128);
 #pragma unroll
     for (int s = 0; s < Tr::kStages; ++s) {
