@@ -128,3 +128,15 @@ def test_a_9_0_device_runs_prefill_on_the_hopper_family():
             describe_launches(p, device_cc=80)
     finally:
         launch.force_prefill_arch(None)
+
+
+def test_info_line_names_the_prefill_family_and_how_it_was_chosen(monkeypatch):
+    from cupy_flashattn._cuda.launch import PREFILL_ARCH_ENV, describe_prefill_path
+
+    monkeypatch.delenv(PREFILL_ARCH_ENV, raising=False)
+    assert describe_prefill_path(90).startswith("sm90 (wgmma") and "auto for compute capability 9.0" in describe_prefill_path(90)
+    assert describe_prefill_path(80).startswith("sm80 (mma.sync")
+    monkeypatch.setenv(PREFILL_ARCH_ENV, "sm80")
+    assert describe_prefill_path(90).startswith("sm80") and f"{PREFILL_ARCH_ENV}=sm80" in describe_prefill_path(90)
+    monkeypatch.setenv(PREFILL_ARCH_ENV, "sm90")
+    assert describe_prefill_path(86).startswith("none:") and "9.0" in describe_prefill_path(86)

@@ -100,6 +100,27 @@ def is_available() -> bool:
         return False
 
 
+_FAMILY_WORDS = {"sm80": "sm80 (mma.sync, any GPU of compute capability >= 8.0)",
+                 "sm90": "sm90 (wgmma + TMA, warp-specialized; sm_90a, compute capability 9.0)"}
+
+
+def describe_prefill_path(device_cc=None) -> str:
+    """One line for ``python -m cupy_flashattn info``: which prefill family calls take on a GPU
+    of compute capability ``device_cc`` (default: the current device) and why."""
+    import os
+
+    cc = _device_cc() if device_cc is None else int(device_cc)
+    forced = _FORCED["arch"] or os.environ.get(PREFILL_ARCH_ENV, "auto") or "auto"
+    how = ("forced by force_prefill_arch()" if _FORCED["arch"] else
+           f"forced by {PREFILL_ARCH_ENV}={forced}" if forced != "auto" else
+           f"auto for compute capability {cc // 10}.{cc % 10}; {PREFILL_ARCH_ENV}=sm80|sm90 forces one")
+    try:
+        family = prefill_arch(128, False, False, device_cc=cc)
+    except ValueError as e:
+        return f"none: {e}"
+    return f"{_FAMILY_WORDS[family]} ({how}); decode: sm80 split-KV"
+
+
 def select_kernel(problem: AttentionProblem, arch=None, device_cc=None) -> KernelKey:
     """The instantiation that serves this problem (``arch``: the family, default
     :func:`prefill_arch`; ``device_cc`` stands in for the current device's)."""

@@ -56,6 +56,8 @@ def cmd_info(args) -> int:
         add(("GPU", f"none usable ({probe.reason})"))
         add(("Backend", "CPU backend (Numba) for NumPy arrays; CuPy arrays need a CUDA GPU"))
     add(("CUDA backend", _cuda_backend_status()))
+    if probe.usable:
+        add(("Prefill path", _try(_prefill_path)))
 
     add(("Kernel sources", _try(_source_info)))
     where = "CUPY_CACHE_DIR" if from_env else "default; set CUPY_CACHE_DIR to move it"
@@ -75,6 +77,12 @@ def cmd_info(args) -> int:
     for key, value in rows:
         _out(f"{key:<{width}}  {value}")
     return 0
+
+
+def _prefill_path() -> str:
+    from cupy_flashattn._cuda.launch import describe_prefill_path
+
+    return describe_prefill_path()
 
 
 def _version_of(module: str) -> str:

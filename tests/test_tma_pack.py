@@ -1,0 +1,55 @@
+"""The sm90 kernels' argument struct (``_cuda/tma.py``): three 128-byte TMA maps at offsets
+0 / 128 / 256, then ``fa_fwd_args`` at byte 384, 64-byte aligned overall -- the layout the
+generated C struct asserts (``static_assert(sizeof...)``, compiled by test_nvrtc_compile.py) --
+and the map geometries a dense prefill launch asks the driver for.  No GPU needed (the driver
+call itself runs in the GPU suite, through every sm90 dense launch)."""
+
+import numpy as np
+
+from cupy_flashattn._cuda.compile import FWD_ARGS, SM90_ARGS
+from cupy_flashattn._cuda.tma import MAP_BYTES, fwd_geometries
+
+
+def test_layout_puts_the_maps_first_and_the_base_struct_at_384():
+    assert SM90_ARGS.base_offset == 3 * MAP_BYTES == 384
+    assert SM90_ARGS.size % 64 == 0 and SM90_ARGS.size >= 384 + FWD_ARGS.dtype.itemsize
+    for name, word in FWD_ARGS.pointer_words.items():
+        assert SM90_ARGS.pointer_words[name] == word + 48
+    c = SM90_ARGS.c_struct()
+    assert "alignas(64)" in c and f"== {SM90_ARGS.size}" in c and "fa_fwd_args base;" in c
+
+
+def test_new_writes_the_base_struct_after_zero_maps():
+    values = {n: (None if n in FWD_ARGS.pointer_words else 0) for n in FWD_ARGS.names}
+    values.update(head_dim=80, num_heads=6, softmax_scale=0.125)
+    packed = SM90_ARGS.new(values)
+    assert packed.dtype.itemsize == SM90_ARGS.size
+    raw = packed.view(np.uint8)
+    assert not raw[:384].any()  # maps are written per launch (write_maps)
+    base = FWD_ARGS.read(raw[384:384 + FWD_ARGS.dtype.itemsize].copy().view(FWD_ARGS.void))
+    assert base["head_dim"] == 80 and base["num_heads"] == 6 and base["softmax_scale"] == np.float32(0.125)
+
+    class Arr:  # a stand-in with a CuPy-like .data.ptr
+        class data:
+            ptr = 0x7F0000001000
+
+    words = packed.view(np.uint64)
+    SM90_ARGS.write_pointers(words, {"k": Arr(), "q": None})
+    assert words[SM90_ARGS.pointer_words["k"]] == 0x7F0000001000
+    assert words[SM90_ARGS.pointer_words["q"]] == 0
+
+
+def test_dense_geometries_describe_q_and_kv_in_64_column_boxes():
+    values = dict(head_dim=80, num_heads=8, h_per_kv=4, total_q=1000, k_rows=3000,
+                  q_head_stride=80, q_row_stride=640, k_head_stride=128, k_row_stride=256)
+    q, k, v = fwd_geometries(values, block_m=128, block_n=64)
+    assert k is v
+    assert list(q.dims) == [80, 8, 1000] and list(q.strides) == [160, 1280]
+    assert list(q.box) == [64, 1, 128]
+    assert list(k.dims) == [80, 2, 3000] and list(k.strides) == [256, 512]
+    assert list(k.box) == [64, 1, 64]
+    # Dims of size 1 (MQA, one query row) get a legal 16-byte stride; a zero dim becomes 1.
+    values.update(h_per_kv=8, k_head_stride=3, total_q=0)
+    q, k, _ = fwd_geometries(values, block_m=128, block_n=64)
+    assert list(k.dims)[1] == 1 and list(k.strides)[0] == 16
+    assert list(q.dims)[2] == 1
