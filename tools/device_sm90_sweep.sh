@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Tuning sweep of the sm90 kernels' compile-time switches (sm90/kernel_traits.cuh), one
 # process per variant ($CUPY_FLASHATTN_SM90_DEFINES), sm90 only, no torch.  $VARIANTS: ';'
-# separated define lists ("" = defaults); $CHECK: variants whose edge tests run too.
+# separated define lists ("" = defaults); $CHECK: variants whose tests ($CHECK_TESTS, default
+# the sm90 edge tests) run too, e.g. CHECK="FA_SM90_PAGED_TMA=1" CHECK_TESTS="tests/gpu/test_sm90_edges.py
+# tests/gpu/test_gpu_kernels.py".
 set -u
 OUT=${OUT:-/tmp/fa_sweep}
 mkdir -p "$OUT"
@@ -16,6 +18,6 @@ done
 IFS=';' read -ra CS <<< "${CHECK:-}"
 for v in "${CS[@]}"; do
   stamp "edge tests '$v'"
-  CUPY_FLASHATTN_SM90_DEFINES="$v" timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_sm90_edges.py 2>&1 | tail -n 3
+  CUPY_FLASHATTN_SM90_DEFINES="$v" timeout 300 python3 -m pytest -q -p no:cacheprovider -rfE ${CHECK_TESTS:-tests/gpu/test_sm90_edges.py} 2>&1 | tail -n 8
 done
 stamp done

@@ -256,6 +256,80 @@ __device__ __forceinline__ void producer_dense(const FwdParams& p, const SeqInfo
   }
 }
 
+// Paged K/V by TMA (FA_SM90_PAGED_TMA): the tile's page ids come from the block table once
+// (resolve(), also what the mask reads), then one thread issues one box of min(P, kBlockN) rows
+// per page and column block, the page id as the outermost coordinate.  An absent id is out of
+// the map's bounds and reads zeros, like the gather's zero fill; the sequence-end tile is
+// gathered (zeros past len_k).  Needs P % 8 == 0 (whole swizzle atoms per box) and pages that
+// tile the key tile.
+template <class Tr>
+__device__ __forceinline__ bool paged_tma_ok(const FwdParams& p) {
+  const int P = p.page_size;
+  return FA_SM90_PAGED_TMA && P % 8 == 0 && (P % Tr::kBlockN == 0 || Tr::kBlockN % P == 0);
+}
+
+template <class Tr>
+__device__ __forceinline__ void tma_paged_tile(u32 dst, const pipe::TmaDesc* map, const int* ids,
+                                               int head, int pos0, int page_size, u32 bar) {
+  const int rows = imin(page_size, Tr::kBlockN);  // per box
+  pipe::bar_arrive_expect_tx(bar, Tr::kSmemKV);
+  for (int r = 0; r < Tr::kBlockN; r += rows) {
+    const int pos = pos0 + r;
+    const int in_page = pos - (pos / page_size) * page_size;
+#pragma unroll
+    for (int j = 0; j < Tr::kDBlocks; ++j)
+      pipe::tma_load_4d(dst + j * Tr::kBlockN * wgmma::kSwizzleRowBytes + r * wgmma::kSwizzleRowBytes,
+                        map, 64 * j, head, in_page, ids[r], bar);
+  }
+}
+
+template <class Tr>
+__device__ __forceinline__ void producer_paged_tma(const FwdParams& p, const SeqInfo& si,
+                                                   const Sm90Smem<Tr>& sm, const TmaMaps& maps,
+                                                   int bidh, int m0, int n_min, int n_max, int t) {
+  if (t == 0) {
+    pipe::bar_arrive_expect_tx(sm.q_full(), Tr::kSmemQ);
+#pragma unroll
+    for (int j = 0; j < Tr::kDBlocks; ++j)
+      pipe::tma_load_3d(sm.q + j * Tr::kBlockM * wgmma::kSwizzleRowBytes, maps.q, 64 * j, bidh,
+                        si.q_start + m0, sm.q_full());
+  } else {
+    pipe::bar_arrive(sm.q_full());
+  }
+  const int hk = bidh / p.h_per_kv;
+  const u16* k_head = p.k + si.kv_head_off;
+  const u16* v_head = p.v + si.kv_head_off;
+  int it = 0;
+  for (int n_block = n_max - 1; n_block >= n_min; --n_block, ++it) {
+    const int s = it % Tr::kStages, phase = (it / Tr::kStages) & 1;
+    const bool whole = (n_block + 1) * Tr::kBlockN <= si.len_k;
+    int* ids = sm.ids + s * Tr::kBlockN;
+    pipe::bar_wait(sm.k_empty(s), phase ^ 1);
+    bool absent = false;
+    ProducerRows<Tr, true>::resolve(p, si, n_block, t, absent, ids);
+    const bool any = __any_sync(0xffffffffu, absent);
+    if ((t & 31) == 0) sm.flags[s * 4 + (t >> 5)] = any;
+    pipe::named_sync(5, 128);  // every row's page id is in `ids` (thread 0 reads them)
+    if (whole) {
+      if (t == 0) tma_paged_tile<Tr>(sm.k(s), maps.k, ids, hk, n_block * Tr::kBlockN, p.page_size, sm.k_full(s));
+      else pipe::bar_arrive(sm.k_full(s));
+    } else {
+      producer_copy<Tr, true>(sm.k(s), k_head, p, si, n_block, t);
+      cp_async_commit();
+      producer_signal<0>(sm.k_full(s));
+    }
+    pipe::bar_wait(sm.v_empty(s), phase ^ 1);
+    if (whole) {
+      if (t == 0) tma_paged_tile<Tr>(sm.v(s), maps.v, ids, hk, n_block * Tr::kBlockN, p.page_size, sm.v_full(s));
+      else pipe::bar_arrive(sm.v_full(s));
+    } else {
+      producer_copy<Tr, true>(sm.v(s), v_head, p, si, n_block, t);
+      cp_async_commit();
+      producer_signal<0>(sm.v_full(s));
+    }
+  }
+}
+
 // ---- Consumer -------------------------------------------------------------------------------
 // O += P V for keys 16 kk .. 16 kk + 15 and the 64 columns of block kDb of O (n8 tiles
 // 8 kDb .. 8 kDb + 7): one wgmma with P from registers; nothing for blocks past D.
@@ -529,7 +603,10 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
     pipe::regs_dealloc<Tr::kProducerRegs>();
     if (n_max > n_min) {
       if constexpr (Is_paged) {
-        producer<Tr, true>(p, si, sm, bidh, m0, rows_valid, n_min, n_max, tidx);
+        if (paged_tma_ok<Tr>(p))
+          producer_paged_tma<Tr>(p, si, sm, maps, bidh, m0, n_min, n_max, tidx);
+        else
+          producer<Tr, true>(p, si, sm, bidh, m0, rows_valid, n_min, n_max, tidx);
       } else {
         producer_dense<Tr>(p, si, sm, maps, bidh, m0, n_min, n_max, tidx);
       }

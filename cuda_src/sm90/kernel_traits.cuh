@@ -25,6 +25,12 @@
 #ifndef FA_SM90_DIAG_NO_SOFTMAX
 #define FA_SM90_DIAG_NO_SOFTMAX 0
 #endif
+// Paged K/V by TMA (flash_fwd.cu, producer_paged_tma) where a page holds whole 8-row boxes
+// that tile the key tile (P % 8 == 0 and P % kBlockN == 0 or kBlockN % P == 0).  Off until a
+// device run verifies it (NOTES.md, sm90 v6); the host encodes the paged maps only when on.
+#ifndef FA_SM90_PAGED_TMA
+#define FA_SM90_PAGED_TMA 0
+#endif
 #ifndef FA_SM90_STAGES_128
 #define FA_SM90_STAGES_128 2
 #endif

@@ -62,6 +62,17 @@ __device__ __forceinline__ void tma_load_3d(u32 dst, const TmaDesc* desc, int c0
       : "memory");
 }
 
+// The same for a 4-D tensor (paged K/V: (D, Hk, P, num_pages), coordinates (d, head, row in
+// page, page id); a page id outside the pool is out of bounds and reads zeros).
+__device__ __forceinline__ void tma_load_4d(u32 dst, const TmaDesc* desc, int c0, int c1, int c2,
+                                            int c3, u32 bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3, %4, %5}], [%6];" ::"r"(dst),
+      "l"(reinterpret_cast<u64>(desc)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+
 // Shared memory written by ordinary stores or cp.async (the generic proxy) and read next by
 // wgmma (the async proxy): each writing thread fences after its writes have completed and
 // before it arrives on the barrier the readers wait on.

@@ -181,7 +181,8 @@ class PrefillPlan:
         self.smem = tr.smem_bytes
         self.empty = not (self.grid[0] > 0 and self.grid[2] > 0 and p.total_q > 0)
         self.kernel = None if self.empty else get_kernel(key)
-        # sm90: the struct also carries TMA maps of q, k, v (dense kernels; paged ones gather).
+        # sm90: the struct also carries TMA maps of q, k, v (dense kernels; paged ones gather,
+        # unless built with FA_SM90_PAGED_TMA).
         self.tma = key.arch == "sm90"
         self.tile = (tr.block_m, tr.block_n, key.paged)
         ops = Operands(p, self.compute_dtype)
@@ -198,7 +199,7 @@ class PrefillPlan:
 
     def _geometries(self, values):
         block_m, block_n, paged = self.tile
-        return None if paged else fwd_geometries(values, block_m, block_n)
+        return fwd_geometries(values, block_m, block_n, paged)
 
     def run(self, p: AttentionProblem) -> None:
         if self.direct:

@@ -52,22 +52,26 @@ def _encoder():
 
 
 class TmaGeometry:
-    """The shape, strides and box of one 3-D tensor map of 16-bit elements, as ctypes arrays
-    made once per plan (only the address changes per call).
+    """The shape, strides and box of one tensor map of 16-bit elements (rank 3: dense q / k / v;
+    rank 4: a paged pool), as ctypes arrays made once per plan (only the address changes per
+    call).
 
-    dims, strides: innermost first, in elements (strides of dims 1 and 2; multiples of 8, i.e.
-    16 bytes, as TMA requires); box: the box in elements (box[0] * 2 bytes <= 128 with the
-    128-byte swizzle).  A zero dim is encoded as 1: no box of it is ever loaded."""
+    dims, strides: innermost first, in elements (strides of dims 1 .. rank-1; multiples of 8,
+    i.e. 16 bytes, as TMA requires); box: the box in elements (box[0] * 2 bytes <= 128 with
+    the 128-byte swizzle).  A zero dim is encoded as 1: no box of it is ever loaded."""
 
     def __init__(self, dims, strides, box):
-        self.dims = (ctypes.c_uint64 * 3)(*(max(1, int(d)) for d in dims))
-        self.strides = (ctypes.c_uint64 * 2)(*(2 * int(s) for s in strides))
-        self.box = (ctypes.c_uint32 * 3)(*(int(b) for b in box))
-        self.elem_strides = (ctypes.c_uint32 * 3)(1, 1, 1)
+        rank = len(dims)
+        assert len(strides) == rank - 1 and len(box) == rank
+        self.rank = rank
+        self.dims = (ctypes.c_uint64 * rank)(*(max(1, int(d)) for d in dims))
+        self.strides = (ctypes.c_uint64 * (rank - 1))(*(2 * int(s) for s in strides))
+        self.box = (ctypes.c_uint32 * rank)(*(int(b) for b in box))
+        self.elem_strides = (ctypes.c_uint32 * rank)(*([1] * rank))
 
     def encode(self, out_address: int, global_address: int) -> None:
         """Write the map of the tensor at ``global_address`` to the 128 bytes at ``out_address``."""
-        err = _encoder()(out_address, _UINT16, 3, global_address, self.dims, self.strides,
+        err = _encoder()(out_address, _UINT16, self.rank, global_address, self.dims, self.strides,
                          self.box, self.elem_strides, _INTERLEAVE_NONE, _SWIZZLE_128B,
                          _L2_PROMOTION_256B, _OOB_ZERO)
         if err != 0:
@@ -128,11 +132,40 @@ class TmaArgPack:
             geo.encode(base + i * MAP_BYTES, addr)
 
 
-def fwd_geometries(values: dict, block_m: int, block_n: int):
-    """The q, k, v map geometries of a dense prefill launch from its FwdParams ``values``:
-    q (head_dim, H, total_q) box (64, 1, block_m); k, v (head_dim, Hk, k_rows) box
-    (64, 1, block_n).  (The kernels load head_dim in 64-column boxes; columns past head_dim
-    read zeros.)"""
+def paged_tma_enabled() -> bool:
+    """Whether the sm90 kernels are built with paged K/V by TMA (the FA_SM90_PAGED_TMA switch of
+    cuda_src/sm90/kernel_traits.cuh, off by default until verified on a device)."""
+    from .compile import _tuning_defines
+
+    return "-DFA_SM90_PAGED_TMA=1" in _tuning_defines()
+
+
+def paged_tma_ok(page_size: int, block_n: int) -> bool:
+    """The kernel's rule (flash_fwd.cu paged_tma_ok): pages of whole 8-row boxes that tile the
+    key tile."""
+    P = int(page_size)
+    return paged_tma_enabled() and P % 8 == 0 and (P % block_n == 0 or block_n % P == 0)
+
+
+def paged_geometry(values: dict, block_n: int) -> TmaGeometry:
+    """k / v of a paged pool (head_dim, Hk, P, num_pages), box (64, 1, min(P, block_n), 1);
+    page ids outside the pool are out of bounds (zeros)."""
+    d, h = int(values["head_dim"]), int(values["num_heads"])
+    hk, P = h // int(values["h_per_kv"]), int(values["page_size"])
+    return TmaGeometry((d, hk, P, values["k_rows"]),
+                       (values["k_head_stride"] if hk > 1 else 8,
+                        values["k_row_stride"] if P > 1 else 8, values["k_page_stride"]),
+                       (64, 1, min(P, block_n), 1))
+
+
+def fwd_geometries(values: dict, block_m: int, block_n: int, paged: bool = False):
+    """The q, k, v map geometries of a prefill launch from its FwdParams ``values``:
+    q (head_dim, H, total_q) box (64, 1, block_m); dense k, v (head_dim, Hk, k_rows) box
+    (64, 1, block_n); paged k, v: :func:`paged_geometry`, or None when the kernel gathers them
+    (then it reads no map at all).  (The kernels load head_dim in 64-column boxes; columns past
+    head_dim read zeros.)"""
+    if paged and not paged_tma_ok(values["page_size"], block_n):
+        return None
     d, h = int(values["head_dim"]), int(values["num_heads"])
     hk = h // int(values["h_per_kv"])
 
@@ -142,6 +175,9 @@ def fwd_geometries(values: dict, block_m: int, block_n: int):
     q_rows, k_rows = int(values["total_q"]), int(values["k_rows"])
     q = TmaGeometry((d, h, q_rows), (stride(values["q_head_stride"], h),
                                      stride(values["q_row_stride"], q_rows)), (64, 1, block_m))
-    kv = TmaGeometry((d, hk, k_rows), (stride(values["k_head_stride"], hk),
-                                       stride(values["k_row_stride"], k_rows)), (64, 1, block_n))
+    if paged:
+        kv = paged_geometry(values, block_n)
+    else:
+        kv = TmaGeometry((d, hk, k_rows), (stride(values["k_head_stride"], hk),
+                                           stride(values["k_row_stride"], k_rows)), (64, 1, block_n))
     return (q, kv, kv)
