@@ -13,7 +13,7 @@ stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 IFS=';' read -ra VS <<< "${VARIANTS:-}"
 for v in "${VS[@]}"; do
   stamp "variant '$v'"
-  CUPY_FLASHATTN_SM90_DEFINES="$v" timeout 120 python3 tools/quickbench_sm90.py --archs sm90 --no-torch ${ROWS:+--rows "$ROWS"} 2>&1 | tail -n 8
+  CUPY_FLASHATTN_SM90_DEFINES="$v" timeout 120 python3 tools/quickbench_sm90.py --archs sm90 --no-torch ${ROWS:+--rows "$ROWS"} ${PAGED:+--paged "$PAGED"} 2>&1 | tail -n 8
 done
 IFS=';' read -ra CS <<< "${CHECK:-}"
 for v in "${CS[@]}"; do

@@ -2,7 +2,10 @@
 TFLOP/s of back-to-back calls (one sync per 20 calls; host work overlaps the kernels), bf16,
 16k tokens per batch, 16 heads.  A development tool; ``make bench`` is the benchmark of record.
 
-    PYTHONPATH=. python3 tools/quickbench_sm90.py [--rows D,S,causal;...]
+    PYTHONPATH=. python3 tools/quickbench_sm90.py [--rows D,S,causal;...] [--paged 16,256]
+
+--paged: also time each row with K/V in a paged pool of that page size (pages in a random
+order, through flash_attn_varlen_func with block_table), as "p<P>" columns of the sm90 path.
 """
 
 from __future__ import annotations
@@ -50,6 +53,31 @@ def torch_rates(q, k, v, causal, flops) -> list:
     return out
 
 
+def paged_call(q, k, v, page, causal, rng):
+    """A paged-prefill call on the same keys (pool pages in a random order) and its max
+    difference from the dense call (expect 0: the same keys in the same order)."""
+    import cupy
+
+    import cupy_flashattn as fa
+
+    b, s, h, d = q.shape
+    nblk = s // page
+    perm = cupy.asarray(rng.permutation(b * nblk).astype(np.int32))
+    kp = cupy.empty((b * nblk, page, h, d), k.dtype)
+    vp = cupy.empty_like(kp)
+    kp[perm] = k.reshape(b * nblk, page, h, d)
+    vp[perm] = v.reshape(b * nblk, page, h, d)
+    qf = q.reshape(b * s, h, d)
+    cu = cupy.asarray(np.arange(0, b * s + 1, s, dtype=np.int32))
+    table = perm.reshape(b, nblk)
+
+    def call():
+        return fa.flash_attn_varlen_func(qf, kp, vp, cu, cu, s, s, causal=causal, block_table=table)
+    dense = fa.flash_attn_func(q, k, v, causal=causal).reshape(b * s, h, d)
+    diff = float(cupy.abs(call().astype(np.float32) - dense.astype(np.float32)).max())
+    return call, diff
+
+
 def main(argv=None):
     import cupy
     import ml_dtypes
@@ -61,6 +89,7 @@ def main(argv=None):
     ap.add_argument("--rows", default=ROWS)
     ap.add_argument("--archs", default="sm80,sm90")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--paged", default="", help="page sizes, e.g. 16,256")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     for item in args.rows.split(";"):
@@ -79,6 +108,10 @@ def main(argv=None):
                 return fa.flash_attn_func(q, k, v, causal=causal)
             row.append(f"{arch} {flops / per_call(call) / 1e12:.0f}")
             outs[arch] = cupy.asnumpy(call()).astype(np.float32)
+        for page in [int(x) for x in args.paged.split(",") if x]:
+            call, check = paged_call(q, k, v, page, causal, rng)
+            row.append(f"p{page} {flops / per_call(call) / 1e12:.0f}")
+            row.append(f"(diff {check:.3g})")
         force_prefill_arch(None)
         if len(archs) == 2:
             row.append(f"maxdiff {np.abs(outs[archs[0]] - outs[archs[1]]).max():.3g}")
