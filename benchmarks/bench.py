@@ -605,8 +605,8 @@ def main(argv=None):
     write_csv(rows, os.path.join(args.out, "bench.csv"))
     from cupy_flashattn._cuda.launch import prefill_arch
 
-    arch = prefill_arch(128, False, False)
-    tiles = f"dense / varlen / paged rows on the {arch} family" + (
+    arch, paged_arch = prefill_arch(128, False, False), prefill_arch(128, False, True)
+    tiles = f"dense / varlen rows on the {arch} family, paged on {paged_arch}" + (
         " (dense-sm80: the mma.sync family on the same problem)" if arch == "sm90" else "") + "; "
     tiles += ", ".join(f"D={d}: {cc.traits(d, arch).block_m}x{cc.traits(d, arch).block_n}, "
                        f"{cc.traits(d, arch).num_warps} warps" for d in args.dims)  # fmt: skip

@@ -114,7 +114,11 @@ def test_a_9_0_device_runs_prefill_on_the_hopper_family():
     assert launch_["grid"] == (-(-1000 // 128), 16, 4) and tr.block_m == 128
     assert launch_["block"] == (384,) and launch_["smem"] == tr.smem_bytes <= 227 * 1024
     p = _problem(B=2, max_q=512, max_k=512, H=8, Hk=8, D=256, paged=True, softcap=30.0)
-    assert describe_launches(p, device_cc=90)[0]["kernel"] == "fa_fwd_sm90_f16_d256_transform_paged"
+    # Paged prefill stays on sm80 under auto until the sm90 paged kernels are verified
+    # (launch.SM90_PAGED_AUTO); forced, it runs the sm90 instantiation.
+    assert describe_launches(p, device_cc=90)[0]["arch"] == ("sm90" if launch.SM90_PAGED_AUTO else "sm80")
+    assert (describe_launches(p, device_cc=90, arch="sm90")[0]["kernel"]
+            == "fa_fwd_sm90_f16_d256_transform_paged")
     p = _problem(B=1, max_q=1, max_k=4096)
     assert describe_launches(p, sm_count=H100_SMS, device_cc=90)[0]["arch"] == "sm80"
     p = _problem(B=4, max_q=1000, max_k=1000, H=16, Hk=16, D=128)
