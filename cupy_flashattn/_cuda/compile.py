@@ -27,7 +27,7 @@ from typing import Iterable, Sequence, Union
 
 from .packing import ArgPack
 from .tma import TmaArgPack
-from .source import build_source
+from .source import build_source, kernel_cache_root
 
 __all__ = [
     "KernelKey",
@@ -399,8 +399,7 @@ def _target_module(source: str, target: str):
     version = ".".join(map(str, nvrtc.getVersion()))
     options = _tuning_defines()
     digest = hashlib.sha256("\0".join([source, *NVRTC_OPTIONS, *options, target, version]).encode())
-    root = os.environ.get("CUPY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cupy",
-                                                            "kernel_cache")
+    root = kernel_cache_root()
     path = os.path.join(root, f"cupy_flashattn_sm{target}_{digest.hexdigest()[:32]}.cubin")
     if not os.path.isfile(path):
         cubin, _log = compile_for_arch(source, target, verbose=False, extra_options=options)

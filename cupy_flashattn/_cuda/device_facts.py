@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .source import build_source, source_hash
+from .source import build_source, kernel_cache_root, source_hash
 
 __all__ = ["PREFILL_FACTS", "DECODE_FACTS", "prefill_facts", "decode_facts", "traits_facts"]
 
@@ -68,8 +68,7 @@ def _evaluate(source: str, expressions: list) -> list:
 
 
 def _disk_cache() -> Path:
-    root = os.environ.get("CUPY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cupy",
-                                                            "kernel_cache")
+    root = kernel_cache_root()
     import hashlib
 
     from .compile import _tuning_defines

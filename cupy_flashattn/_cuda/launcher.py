@@ -74,10 +74,14 @@ class Launch:
         previous launch wrote (the buffer is reused), which is the template's value only on
         the first launch."""
         words, _params, params_ptr = self._buffers()
-        self.pack.write_pointers(words, pointers)
+        self._bind(words, pointers)
         gx, gy, gz, bx, by, bz = self.dims
         _LAUNCH_KERNEL(self.function_ptr, gx, gy, gz, bx, by, bz, self.smem,
                        _CURRENT_STREAM().ptr, params_ptr, 0)
+
+    def _bind(self, words: np.ndarray, pointers: dict) -> None:
+        """Write this call's arrays into the struct words (pointer fields)."""
+        self.pack.write_pointers(words, pointers)
 
 
 class TmaLaunch(Launch):
@@ -89,15 +93,12 @@ class TmaLaunch(Launch):
         super().__init__(kernel, grid, block, smem, pack, template)
         self.geometries = geometries
 
-    def __call__(self, pointers: dict) -> None:
-        words, _params, params_ptr = self._buffers()
+    def _bind(self, words: np.ndarray, pointers: dict) -> None:
+        """Pointer fields, then the maps of this call's q, k, v."""
         self.pack.write_pointers(words, pointers)
         if self.geometries is not None:
             self.pack.write_maps(words, self.geometries,
                                  [pointers[n].data.ptr for n in ("q", "k", "v")])
-        gx, gy, gz, bx, by, bz = self.dims
-        _LAUNCH_KERNEL(self.function_ptr, gx, gy, gz, bx, by, bz, self.smem,
-                       _CURRENT_STREAM().ptr, params_ptr, 0)
 
 
 def launch_packed(kernel, grid, block, packed: np.ndarray, smem: int = 0) -> None:

@@ -13,10 +13,20 @@ import hashlib
 import pathlib
 import re
 
-__all__ = ["cuda_source_dir", "build_source", "source_hash"]
+__all__ = ["cuda_source_dir", "build_source", "source_hash", "kernel_cache_root"]
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"\s*$')
 _PRAGMA_ONCE = re.compile(r"^\s*#\s*pragma\s+once\s*$")
+
+
+def kernel_cache_root() -> pathlib.Path:
+    """CuPy's on-disk kernel cache, by CuPy's rule: ``$CUPY_CACHE_DIR``, else
+    ``~/.cupy/kernel_cache``.  Our own cached artefacts (device facts, sm_90a cubins) live there
+    too, so one setting moves them all."""
+    import os
+
+    env = os.environ.get("CUPY_CACHE_DIR")
+    return pathlib.Path(env) if env else pathlib.Path.home() / ".cupy" / "kernel_cache"
 
 
 def cuda_source_dir() -> pathlib.Path:

@@ -157,10 +157,9 @@ def _gpu_name(cp, device_id: int) -> str:
 
 def kernel_cache_dir() -> tuple[Path, bool]:
     """CuPy's on-disk kernel cache (same rule as CuPy) and whether CUPY_CACHE_DIR set it."""
-    env = os.environ.get("CUPY_CACHE_DIR")
-    if env:
-        return Path(env), True
-    return Path.home() / ".cupy" / "kernel_cache", False
+    from .._cuda.source import kernel_cache_root
+
+    return kernel_cache_root(), bool(os.environ.get("CUPY_CACHE_DIR"))
 
 
 def scan_kernel_cache(cache: Path):

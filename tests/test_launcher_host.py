@@ -1,0 +1,75 @@
+"""The host side of a replayed launch (``_cuda/launcher.py``) without a GPU: the driver call is
+replaced by a recorder, so what a call writes into the struct and hands to cuLaunchKernel is
+checked on the CPU -- pointer rebinding for every kernel, plus the per-call TMA maps of the
+sm90 ones (``TmaLaunch``)."""
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from cupy_flashattn._cuda import launcher
+from cupy_flashattn._cuda.compile import FWD_ARGS, SM90_ARGS
+
+
+class _Arr:
+    def __init__(self, ptr):
+        self.data = type("Mem", (), {"ptr": ptr})()
+
+
+class _Kernel:
+    kernel = type("Fn", (), {"ptr": 0xF00D})()
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    calls = []
+
+    def launch(fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        words_addr = ctypes.c_uint64.from_address(params).value  # kernelParams[0]
+        calls.append(dict(fn=fn, dims=(gx, gy, gz, bx, by, bz), smem=smem, stream=stream,
+                          words=words_addr))
+
+    monkeypatch.setattr(launcher, "_LAUNCH_KERNEL", launch)
+    monkeypatch.setattr(launcher, "_CURRENT_STREAM", lambda: type("S", (), {"ptr": 7})())
+    return calls
+
+
+def _values(pack):
+    return {n: (None if n in FWD_ARGS.pointer_words else 0) for n in FWD_ARGS.names} | {"head_dim": 64}
+
+
+def test_launch_rebinds_pointers_per_call(recorder):
+    template = FWD_ARGS.new(_values(FWD_ARGS))
+    run = launcher.Launch(_Kernel(), (3, 2), (128,), 4096, FWD_ARGS, template)
+    run({"q": _Arr(0x1000), "k": _Arr(0x2000)})
+    run({"q": _Arr(0x3000), "k": None})
+    words, _, _ = run._buffers()
+    assert words[FWD_ARGS.pointer_words["q"]] == 0x3000 and words[FWD_ARGS.pointer_words["k"]] == 0
+    assert [c["dims"] for c in recorder] == [(3, 2, 1, 128, 1, 1)] * 2
+    assert recorder[0]["fn"] == 0xF00D and recorder[0]["smem"] == 4096 and recorder[0]["stream"] == 7
+    assert recorder[0]["words"] == words.ctypes.data  # the buffer the driver copies from
+
+
+def test_tma_launch_writes_the_maps_of_each_calls_arrays(recorder):
+    encoded = []
+
+    class Geo:  # stands in for tma.TmaGeometry (the driver call needs a GPU)
+        def __init__(self, tag):
+            self.tag = tag
+
+        def encode(self, out, addr):
+            encoded.append((self.tag, out, addr))
+
+    template = SM90_ARGS.new(_values(SM90_ARGS))
+    geos = (Geo("q"), Geo("kv"), Geo("kv"))
+    run = launcher.TmaLaunch(_Kernel(), (1,), (384,), 1 << 17, SM90_ARGS, template, geos)
+    run({"q": _Arr(0x10), "k": _Arr(0x20), "v": _Arr(0x30)})
+    words, _, _ = run._buffers()
+    base = words.ctypes.data
+    assert encoded == [("q", base, 0x10), ("kv", base + 128, 0x20), ("kv", base + 256, 0x30)]
+    assert words[SM90_ARGS.pointer_words["v"]] == 0x30
+    encoded.clear()
+    launcher.TmaLaunch(_Kernel(), (1,), (384,), 0, SM90_ARGS, template, None)(
+        {"q": _Arr(1), "k": _Arr(2), "v": _Arr(3)})
+    assert encoded == [] and len(recorder) == 2  # paged kernels that gather: no maps
