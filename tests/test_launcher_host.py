@@ -5,7 +5,6 @@ sm90 ones (``TmaLaunch``)."""
 
 import ctypes
 
-import numpy as np
 import pytest
 
 from cupy_flashattn._cuda import launcher
