@@ -111,13 +111,13 @@ def test_a_9_0_device_runs_prefill_on_the_hopper_family():
     (launch_,) = describe_launches(p, device_cc=90)
     tr = cc.traits(128, "sm90")
     assert launch_["kernel"] == "fa_fwd_sm90_bf16_d128" and launch_["arch"] == "sm90"
-    assert launch_["grid"] == (-(-1000 // 128), 16, 4) and tr.block_m == 128
+    # Persistent: 8 query tiles x 16 heads x 4 sequences = 512 tiles on one CTA per SM.
+    assert launch_["grid"] == (H100_SMS, 1, 1) and tr.block_m == 128
+    small = _problem(B=1, max_q=200, max_k=200, H=4, Hk=4, D=128)
+    assert describe_launches(small, device_cc=90)[0]["grid"] == (2 * 4, 1, 1)  # fewer tiles than SMs
     assert launch_["block"] == (384,) and launch_["smem"] == tr.smem_bytes <= 227 * 1024
     p = _problem(B=2, max_q=512, max_k=512, H=8, Hk=8, D=256, paged=True, softcap=30.0)
-    # Paged prefill stays on sm80 under auto until the sm90 paged kernels are verified
-    # (launch.SM90_PAGED_AUTO); forced, it runs the sm90 instantiation.
-    assert describe_launches(p, device_cc=90)[0]["arch"] == ("sm90" if launch.SM90_PAGED_AUTO else "sm80")
-    assert (describe_launches(p, device_cc=90, arch="sm90")[0]["kernel"]
+    assert (describe_launches(p, device_cc=90)[0]["kernel"]
             == "fa_fwd_sm90_f16_d256_transform_paged")
     p = _problem(B=1, max_q=1, max_k=4096)
     assert describe_launches(p, sm_count=H100_SMS, device_cc=90)[0]["arch"] == "sm80"
@@ -144,3 +144,39 @@ def test_info_line_names_the_prefill_family_and_how_it_was_chosen(monkeypatch):
     assert describe_prefill_path(90).startswith("sm80") and f"{PREFILL_ARCH_ENV}=sm80" in describe_prefill_path(90)
     monkeypatch.setenv(PREFILL_ARCH_ENV, "sm90")
     assert describe_prefill_path(86).startswith("none:") and "9.0" in describe_prefill_path(86)
+
+
+def _makespan(work, ctas):
+    """The heaviest CTA's work when CTA c runs tile c of even rounds of ``ctas`` tiles and tile
+    ctas - 1 - c of odd rounds (flash_fwd.cu's tile_of_round), counted tile by tile."""
+    per_cta = [0] * ctas
+    for i, w in enumerate(work):
+        r, j = divmod(i, ctas)
+        per_cta[ctas - 1 - j if r % 2 else j] += w
+    return max(per_cta)
+
+
+def test_persistent_grid_balances_causal_tiles_over_the_ctas():
+    """Causal S = 2k..16k (16k tokens per batch): query tile m of a head visits 16 .. 1 (S = 2k)
+    key tiles.  The chosen CTA count and the snake order must split the work within 4% of
+    even; the plain order c, c + 132, ... would give CTA 0 the tiles 16, 12, 8, 4 over and
+    over and CTA 3 13, 9, 5, 1 (a factor 4 shared with 16)."""
+    from cupy_flashattn._cuda import launch
+
+    tr = cc.traits(128, "sm90")
+    for S in (2048, 4096, 8192, 16384):
+        p = _problem(B=16384 // S, max_q=S, max_k=S, H=16, Hk=16, D=128)
+        p.window_right = 0
+        (ctas, one, one_) = launch.persistent_grid(p, tr, H100_SMS)
+        assert (one, one_) == (1, 1) and H100_SMS - 16 <= ctas <= H100_SMS
+        tiles_m = S // 128
+        per_head = list(launch._tile_work(p, tiles_m, 128, 128))
+        assert per_head == [k + 1 for k in range(tiles_m, 0, -1)]  # heavy first, + 1 of fill
+        work = per_head * (16 * p.batch_size)
+        assert launch.snake_makespan(np.array(work), ctas) == _makespan(work, ctas)
+        assert _makespan(work, ctas) <= 1.04 * sum(work) / H100_SMS, S
+        if S == 2048:
+            plain = max(sum(work[c::H100_SMS]) for c in range(H100_SMS))
+            assert plain > 1.15 * sum(work) / H100_SMS  # what the snake avoids
+    p.window_right = -1  # no window: every tile costs the same, every SM gets a CTA
+    assert launch.persistent_grid(p, tr, H100_SMS) == (H100_SMS, 1, 1)

@@ -56,17 +56,18 @@ def test_dense_geometries_describe_q_and_kv_in_64_column_boxes():
 
 
 def test_paged_maps_only_with_the_switch(monkeypatch):
-    """Paged K/V maps are encoded only when the kernels are built with FA_SM90_PAGED_TMA (off
-    by default), and only for page sizes the kernel loads by TMA."""
+    """Paged K/V maps are encoded only when the kernels are built with FA_SM90_PAGED_TMA (on
+    by default), and only for page sizes the kernel loads by TMA; Q comes by TMA always."""
     values = dict(head_dim=128, num_heads=8, h_per_kv=2, total_q=100, k_rows=50, page_size=16,
                   q_head_stride=128, q_row_stride=1024, k_head_stride=128, k_row_stride=512,
                   k_page_stride=8192)
+    monkeypatch.setenv("CUPY_FLASHATTN_SM90_DEFINES", "FA_SM90_PAGED_TMA=0")
+    q, k, v = fwd_geometries(values, 128, 128, paged=True)
+    assert k is None and v is None and list(q.box) == [64, 1, 128] and list(q.dims) == [128, 8, 100]
     monkeypatch.delenv("CUPY_FLASHATTN_SM90_DEFINES", raising=False)
-    assert fwd_geometries(values, 128, 128, paged=True) is None
-    monkeypatch.setenv("CUPY_FLASHATTN_SM90_DEFINES", "FA_SM90_PAGED_TMA=1")
     q, k, v = fwd_geometries(values, 128, 128, paged=True)
     assert k is v and k.rank == 4 and list(k.dims) == [128, 4, 16, 50]
     assert list(k.strides) == [256, 1024, 16384] and list(k.box) == [64, 1, 16, 1]
-    for page in (1, 7, 48):  # gathered by cp.async: no map
-        assert fwd_geometries(dict(values, page_size=page), 128, 128, paged=True) is None
+    for page in (1, 7, 48):  # gathered by cp.async: no K / V map
+        assert fwd_geometries(dict(values, page_size=page), 128, 128, paged=True)[1:] == (None, None)
     assert list(fwd_geometries(dict(values, page_size=256), 128, 128, paged=True)[1].box) == [64, 1, 128, 1]

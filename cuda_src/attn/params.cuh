@@ -52,6 +52,10 @@ struct FwdParams {
   // Added to every seqused_k[b]: flash_attn_with_kvcache passes the cache lengths before its
   // append and the number of appended tokens here, so no device op computes lengths + S_new.
   int seqused_k_add;
+  // Query tiles per (sequence, head): ceil(max_seqlen_q / kBlockM).  The sm90 family's
+  // persistent CTAs walk tiles i = m + tiles_m (h + H b) with it (sm90/flash_fwd.cu); the
+  // sm80 family's grid is the tiles themselves and ignores it.
+  int tiles_m;
 };
 
 }  // namespace fa

@@ -5,7 +5,9 @@
 //     tiles into a kStages ring in shared memory (the SW128 layout of wgmma.cuh) and signals
 //     each tile on its FULL mbarrier.  Dense / varlen K/V: TMA boxes (the tile holding the end
 //     of the sequence by cp.async, zero-filled past it); paged K/V: rows gathered by cp.async
-//     through the block table, any page size, absent pages zero-filled;
+//     through the page ids, any page size, absent pages zero-filled (or, built with
+//     FA_SM90_PAGED_TMA, one TMA box per page where pages tile the key tile); the block-table
+//     reads run one tile ahead;
 //   - warpgroups 1 and 2, the CONSUMERS (64 query rows each): S = Q K^T by wgmma with both
 //     operands in shared memory, then the same logit transform, mask and online softmax as the
 //     sm80 kernel (attn/mask.cuh, attn/softmax.cuh: the wgmma accumulator layout per warp is
@@ -31,7 +33,7 @@ namespace fa {
 // Shared-memory addresses of one CTA's buffers (see Sm90FwdTraitsBase).
 template <class Tr>
 struct Sm90Smem {
-  u32 q, k0, v0, bars;
+  u32 q, k0, v0, o, bars;
   int* ids;    // [kStages][kBlockN] page id per key row (paged)
   int* flags;  // [kStages][4] absent-page flag per producer warp (paged)
 
@@ -40,60 +42,83 @@ struct Sm90Smem {
     q = (raw_addr + 1023u) & ~1023u;
     k0 = q + Tr::kSmemQ;
     v0 = k0 + Tr::kStages * Tr::kSmemKV;
-    bars = v0 + Tr::kStages * Tr::kSmemKV;
+    o = Tr::kSeparateO ? v0 + Tr::kStages * Tr::kSmemKV : q;  // the epilogue's staging tile
+    bars = v0 + Tr::kStages * Tr::kSmemKV + Tr::kSmemO;
     ids = reinterpret_cast<int*>(raw + (bars - raw_addr) + Tr::kSmemBars);
     flags = ids + Tr::kStages * Tr::kBlockN;
   }
   __device__ u32 k(int s) const { return k0 + s * Tr::kSmemKV; }
   __device__ u32 v(int s) const { return v0 + s * Tr::kSmemKV; }
   __device__ u32 q_full() const { return bars; }
-  __device__ u32 k_full(int s) const { return bars + 8 * (1 + s); }
-  __device__ u32 v_full(int s) const { return bars + 8 * (1 + Tr::kStages + s); }
-  __device__ u32 k_empty(int s) const { return bars + 8 * (1 + 2 * Tr::kStages + s); }
-  __device__ u32 v_empty(int s) const { return bars + 8 * (1 + 3 * Tr::kStages + s); }
+  __device__ u32 q_empty() const { return bars + 8; }
+  __device__ u32 k_full(int s) const { return bars + 8 * (2 + s); }
+  __device__ u32 v_full(int s) const { return bars + 8 * (2 + Tr::kStages + s); }
+  __device__ u32 k_empty(int s) const { return bars + 8 * (2 + 2 * Tr::kStages + s); }
+  __device__ u32 v_empty(int s) const { return bars + 8 * (2 + 3 * Tr::kStages + s); }
 };
+
+// ---- Persistent schedule ----------------------------------------------------------------------
+// The grid is at most one CTA per SM (launch.py persistent_grid).  Tiles i = m + tiles_m (h + H b)
+// run in rounds of gridDim.x, in the order a one-CTA-per-tile grid would run them (neighbouring
+// CTAs share a head's K / V in L2); in round r CTA c takes tile r G + c, or r G + G - 1 - c in
+// odd rounds (the snake evens out causal tiles of unequal work: 132 CTAs over 16 tiles per
+// head otherwise give CTA 0 only tiles of work 16, 12, 8, 4 and CTA 3 13, 9, 5, 1).  Both kinds
+// of warpgroup walk the same sequence, each computing every tile's geometry itself (no tile
+// index in shared memory).
+// So the producer loads the next tile's Q and first K / V while the consumers finish this one
+// (measured before: one CTA per tile paid ~5.8 key tiles of fill and drain per CTA, holding
+// S = 2k at 0.87x of cuDNN against 0.95x at S = 8k).  The host picks gridDim.x so that causal
+// tiles of unequal work balance over the CTAs (launch.py).
+struct Sm90Tile {
+  SeqInfo si;
+  int bidb, bidh, m0, rows_valid, n_min, n_max;
+};
+
+// The tile CTA c runs in round r (>= num_tiles: none, in the last round).
+__device__ __forceinline__ int tile_of_round(int r) {
+  const int c = r & 1 ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+  return r * (int)gridDim.x + c;
+}
+
+// Tile i's coordinates and key-tile range; false when it holds no query of this launch.
+template <class Tr, bool Is_paged>
+__device__ __forceinline__ bool tile_at(const FwdParams& p, int i, Sm90Tile& w) {
+  const int m_idx = i % p.tiles_m, hb = i / p.tiles_m;
+  w.bidh = hb % p.num_heads;
+  w.bidb = hb / p.num_heads;
+  // Causal / local: high m_blocks see the most keys; walking them first shortens the tail.
+  const int m_block = p.window_right >= 0 ? p.tiles_m - 1 - m_idx : m_idx;
+  w.si.template resolve<Is_paged>(p, w.bidb, w.bidh);
+  w.m0 = m_block * Tr::kBlockM;
+  if (w.m0 >= w.si.len_q) return false;  // tiles_m is the longest sequence's; this one is shorter
+  if (w.si.len_q < p.len_q_min || w.si.len_q > p.len_q_max) return false;  // the decode kernel's
+  w.rows_valid = imin(Tr::kBlockM, w.si.len_q - w.m0);
+  Window(p, w.si.len_k, w.si.len_k - w.si.len_q)
+      .template tile_range<Tr::kBlockN>(w.m0, w.m0 + w.rows_valid - 1, w.n_min, w.n_max);
+  return true;
+}
 
 // ---- Producer -------------------------------------------------------------------------------
 // Thread layout of a copy: 8 threads per 128-byte row of a column block (one warp reads 4 rows
 // x 128 contiguous bytes), rows t/8 + 16 i; the same rows in every column block.
 // The producer runs on kProducerRegs registers, so rows are not kept between the steps of a
-// tile: dense rows are recomputed from the position, paged rows look their page id up again
-// (an L1 hit after the first lookup of the tile; holding kRows ids across the copies spilled).
+// tile: dense rows are recomputed from the position; paged rows read their page id from the
+// stage's `ids` in shared memory (PageIds::publish, once per tile).
 template <class Tr, bool Is_paged>
 struct ProducerRows {
   static constexpr int kRows = Tr::kBlockN / 16;
 
-  // Paged: record the page id of each of this thread's rows of key tile n_block for the mask
-  // (-1: past len_k) and whether one of them is a key on an absent page.
-  __device__ __forceinline__ static void resolve(const FwdParams& p, const SeqInfo& si,
-                                                 int n_block, int t, bool& absent, int* ids) {
-    if constexpr (Is_paged) {
-#pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        const int row = (t >> 3) + 16 * i;
-        const int pos = n_block * Tr::kBlockN + row;
-        const int id = page_of(si, pos);
-        // A key whose table entry is absent (-1 included: the flag must not read the id).
-        absent |= pos < si.len_k && !page_present((unsigned)id, p.k_rows);
-        if ((t & 7) == 0) ids[row] = id;
-      }
-    }
-  }
-
-  // Page id of key position pos, -1 past len_k (then pos / P may be past the table row).
-  __device__ __forceinline__ static int page_of(const SeqInfo& si, int pos) {
-    return pos < si.len_k ? __ldg(si.table + si.page.div(pos)) : -1;
-  }
-
   // Element offset (head 0) of row i of tile n_block, and whether it is a key on a present page.
   __device__ __forceinline__ static bool offset(const FwdParams& p, const SeqInfo& si,
-                                                int n_block, int t, int i, i64& off) {
-    const int pos = n_block * Tr::kBlockN + (t >> 3) + 16 * i;
+                                                const int* ids, int n_block, int t, int i,
+                                                i64& off) {
+    const int row = (t >> 3) + 16 * i;
+    const int pos = n_block * Tr::kBlockN + row;
     if constexpr (!Is_paged) {
       off = (i64)(si.k_start + pos) * p.k_row_stride;
       return pos < si.len_k;
     } else {
-      const int id = page_of(si, pos);
+      const int id = ids[row];
       off = page_row_offset((unsigned)id, (unsigned)(pos - si.page.div(pos) * p.page_size),
                             p.k_page_stride, p.k_row_stride);
       return page_present((unsigned)id, p.k_rows);  // -1 (no key) is never present
@@ -101,43 +126,52 @@ struct ProducerRows {
   }
 };
 
+// Paged: the page ids of a key tile, one row per producer thread (t < kBlockN).  The block-table
+// read of tile n - 1 is issued while tile n is handled (fetch), so no table read is on the
+// producer's path (measured before: the lookup after each EMPTY wait, three times per tile,
+// held paged at 0.58x of dense, the same at P = 16 and 256).  publish() writes a tile's ids to
+// its stage (the copies and the mask read them there) and one "a key is on an absent page"
+// flag per producer warp.
+template <class Tr>
+struct PageIds {
+  // Page id of key row t of tile n_block; -1 past len_k (then pos / P may be past the table row).
+  __device__ __forceinline__ static int fetch(const SeqInfo& si, int n_block, int t) {
+    const int pos = n_block * Tr::kBlockN + t;
+    return t < Tr::kBlockN && pos < si.len_k ? __ldg(si.table + si.page.div(pos)) : -1;
+  }
+
+  __device__ __forceinline__ static void publish(const FwdParams& p, const SeqInfo& si,
+                                                 const Sm90Smem<Tr>& sm, int s, int n_block,
+                                                 int t, int id) {
+    const int pos = n_block * Tr::kBlockN + t;
+    // A key whose table entry is absent (-1 included: the flag must not read the id).
+    const bool absent = t < Tr::kBlockN && pos < si.len_k && !page_present((unsigned)id, p.k_rows);
+    if (t < Tr::kBlockN) sm.ids[s * Tr::kBlockN + t] = id;
+    const bool any = __any_sync(0xffffffffu, absent);
+    if ((t & 31) == 0) sm.flags[s * 4 + (t >> 5)] = any;
+    pipe::named_sync(5, 128);  // every row's id is in the stage before any copy reads it
+  }
+};
+
 // cp.async this thread's rows of key tile n_block of K or V into the SW128 tile at `s`.
 // Invalid rows and the D tail are zero-filled (src-size 0 reads nothing).
 template <class Tr, bool Is_paged>
-__device__ __forceinline__ void producer_copy(u32 s, const u16* head, const FwdParams& p, const SeqInfo& si, int n_block,
-                                              int t) {
+__device__ __forceinline__ void producer_copy(u32 s, const u16* head, const FwdParams& p, const SeqInfo& si,
+                                              const int* ids, int n_block, int t) {
   const int row_t = t >> 3, chunk_t = t & 7;
-  // Paged: one row at a time (its page lookup, then its copies); unrolled, ptxas hoists every
-  // row's lookup and address and the producer's 56 registers spill.
+  // Paged: one row at a time (its page id, then its copies); unrolled, ptxas hoists every
+  // row's address and the producer's 56 registers spill.
 #pragma unroll(Is_paged ? 1 : ProducerRows<Tr, Is_paged>::kRows)
   for (int i = 0; i < ProducerRows<Tr, Is_paged>::kRows; ++i) {
     const int row = row_t + 16 * i;
     i64 off;
-    const bool ok = ProducerRows<Tr, Is_paged>::offset(p, si, n_block, t, i, off);
+    const bool ok = ProducerRows<Tr, Is_paged>::offset(p, si, ids, n_block, t, i, off);
     const u16* src = head + (ok ? off : 0) + chunk_t * 8;
 #pragma unroll
     for (int j = 0; j < Tr::kDBlocks; ++j) {
       const int chunk = 8 * j + chunk_t;
       cp_async_16(s + wgmma::tile_offset<Tr::kBlockN>(row, chunk), src + 64 * j,
                   ok && chunk * 8 < p.head_dim);
-    }
-  }
-}
-
-// Q rows [0, rows_valid) of the CTA's tile; the rest and the D tail zero-filled.
-template <class Tr>
-__device__ __forceinline__ void producer_load_q(u32 sq, const u16* q_tile, i64 row_stride,
-                                                int rows_valid, int head_dim, int t) {
-  const int row_t = t >> 3, chunk_t = t & 7;
-#pragma unroll
-  for (int i = 0; i < Tr::kBlockM / 16; ++i) {
-    const int row = row_t + 16 * i;
-#pragma unroll
-    for (int j = 0; j < Tr::kDBlocks; ++j) {
-      const int chunk = 8 * j + chunk_t;
-      const bool ok = row < rows_valid && chunk * 8 < head_dim;
-      cp_async_16(sq + wgmma::tile_offset<Tr::kBlockM>(row, chunk),
-                  ok ? q_tile + row * row_stride + chunk * 8 : q_tile, ok);
     }
   }
 }
@@ -151,40 +185,62 @@ __device__ __forceinline__ void producer_signal(u32 full_bar) {
   pipe::bar_arrive(full_bar);
 }
 
+// The TMA maps of a launch (host: _cuda/tma.py; paged K / V maps only with FA_SM90_PAGED_TMA).
+struct TmaMaps {
+  const pipe::TmaDesc* q;  // (head_dim, H, total_q) box (64, 1, kBlockM)
+  const pipe::TmaDesc* k;  // (head_dim, Hk, k_rows) box (64, 1, kBlockN)
+  const pipe::TmaDesc* v;
+};
+
+// The tile's Q by TMA (rows past the sequence are the next sequence's or out of the map's
+// bounds: the mask and the epilogue never use them).
+template <class Tr>
+__device__ __forceinline__ void producer_q_tma(const Sm90Tile& w, const Sm90Smem<Tr>& sm,
+                                               const TmaMaps& maps, int t) {
+  if (t == 0) {
+    pipe::bar_arrive_expect_tx(sm.q_full(), Tr::kSmemQ);
+#pragma unroll
+    for (int j = 0; j < Tr::kDBlocks; ++j)
+      pipe::tma_load_3d(sm.q + j * Tr::kBlockM * wgmma::kSwizzleRowBytes, maps.q, 64 * j, w.bidh,
+                        w.si.q_start + w.m0, sm.q_full());
+  } else {
+    pipe::bar_arrive(sm.q_full());
+  }
+}
+
+// The paged producer that gathers (any page size): rows by cp.async through the page ids.
 // Copy order per tile: K(n), then signal the previous tile's V; V(n), then signal K(n).  A
 // tile's FULL barrier is thus never held back by the consumers' progress on the tile before it
 // (only by the copies themselves), and two tiles' copies are in flight at once.
-template <class Tr, bool Is_paged>
-__device__ __forceinline__ void producer(const FwdParams& p, const SeqInfo& si,
-                                         const Sm90Smem<Tr>& sm, int bidh, int m0, int rows_valid,
-                                         int n_min, int n_max, int t) {
-  const u16* q_tile = p.q + (i64)(si.q_start + m0) * p.q_row_stride + (i64)bidh * p.q_head_stride;
-  producer_load_q<Tr>(sm.q, q_tile, p.q_row_stride, rows_valid, p.head_dim, t);
-  cp_async_commit();
+// `it` counts the ring's tiles over the CTA's whole schedule (stage it % kStages).
+template <class Tr>
+__device__ __forceinline__ void producer_paged_gather(const FwdParams& p, const Sm90Tile& w,
+                                                      const Sm90Smem<Tr>& sm, const TmaMaps& maps,
+                                                      int& it, int t) {
+  const SeqInfo& si = w.si;
+  const int n_min = w.n_min, n_max = w.n_max;
+  producer_q_tma<Tr>(w, sm, maps, t);
   const u16* k_head = p.k + si.kv_head_off;
   const u16* v_head = p.v + si.kv_head_off;
-  int it = 0;
+  int id = PageIds<Tr>::fetch(si, n_max - 1, t);
   for (int n_block = n_max - 1; n_block >= n_min; --n_block, ++it) {
     const int s = it % Tr::kStages, phase = (it / Tr::kStages) & 1;
+    const int* ids = sm.ids + s * Tr::kBlockN;
     pipe::bar_wait(sm.k_empty(s), phase ^ 1);  // the consumers are done with round it - kStages
-    bool absent = false;
-    ProducerRows<Tr, Is_paged>::resolve(p, si, n_block, t, absent, sm.ids + s * Tr::kBlockN);
-    if constexpr (Is_paged) {
-      const bool any = __any_sync(0xffffffffu, absent);
-      if ((t & 31) == 0) sm.flags[s * 4 + (t >> 5)] = any;
-    }
+    PageIds<Tr>::publish(p, si, sm, s, n_block, t, id);
+    if (n_block > n_min) id = PageIds<Tr>::fetch(si, n_block - 1, t);  // lands under this tile
 #if FA_SM90_DIAG_NO_LOADS  // diagnostic (wrong results): only the first ring round is loaded
     if (it < Tr::kStages)
 #endif
-    producer_copy<Tr, Is_paged>(sm.k(s), k_head, p, si, n_block, t);
+    producer_copy<Tr, true>(sm.k(s), k_head, p, si, ids, n_block, t);
     cp_async_commit();
-    // Pending now: [Q or V(it - 1)], K(it).
-    producer_signal<1>(it == 0 ? sm.q_full() : sm.v_full((it - 1) % Tr::kStages));
+    // Pending now: [V(it - 1)], K(it).
+    if (n_block != n_max - 1) producer_signal<1>(sm.v_full((it - 1) % Tr::kStages));
     pipe::bar_wait(sm.v_empty(s), phase ^ 1);
 #if FA_SM90_DIAG_NO_LOADS
     if (it < Tr::kStages)
 #endif
-    producer_copy<Tr, Is_paged>(sm.v(s), v_head, p, si, n_block, t);
+    producer_copy<Tr, true>(sm.v(s), v_head, p, si, ids, n_block, t);
     cp_async_commit();
     producer_signal<1>(sm.k_full(s));  // pending: V(it)
   }
@@ -197,11 +253,6 @@ __device__ __forceinline__ void producer(const FwdParams& p, const SeqInfo& si,
 // other producer threads only arrive.  The tile that holds the end of the sequence is gathered
 // by cp.async instead: its rows past len_k must be zeros (a TMA box would read the next
 // sequence's rows, and a NaN there times P = 0 would still be NaN).
-struct TmaMaps {
-  const pipe::TmaDesc* q;  // (head_dim, H, total_q) box (64, 1, kBlockM)
-  const pipe::TmaDesc* k;  // (head_dim, Hk, k_rows) box (64, 1, kBlockN)
-  const pipe::TmaDesc* v;
-};
 
 template <class Tr>
 __device__ __forceinline__ void tma_tile(u32 dst, const pipe::TmaDesc* map, int head, int row, u32 bar,
@@ -217,22 +268,15 @@ __device__ __forceinline__ void tma_tile(u32 dst, const pipe::TmaDesc* map, int 
 }
 
 template <class Tr>
-__device__ __forceinline__ void producer_dense(const FwdParams& p, const SeqInfo& si,
+__device__ __forceinline__ void producer_dense(const FwdParams& p, const Sm90Tile& w,
                                                const Sm90Smem<Tr>& sm, const TmaMaps& maps,
-                                               int bidh, int m0, int n_min, int n_max, int t) {
-  if (t == 0) {
-    pipe::bar_arrive_expect_tx(sm.q_full(), Tr::kSmemQ);
-#pragma unroll
-    for (int j = 0; j < Tr::kDBlocks; ++j)
-      pipe::tma_load_3d(sm.q + j * Tr::kBlockM * wgmma::kSwizzleRowBytes, maps.q, 64 * j, bidh,
-                        si.q_start + m0, sm.q_full());
-  } else {
-    pipe::bar_arrive(sm.q_full());
-  }
-  const int hk = bidh / p.h_per_kv;
+                                               int& it, int t) {
+  const SeqInfo& si = w.si;
+  const int n_min = w.n_min, n_max = w.n_max;
+  producer_q_tma<Tr>(w, sm, maps, t);
+  const int hk = w.bidh / p.h_per_kv;
   const u16* k_head = p.k + si.kv_head_off;
   const u16* v_head = p.v + si.kv_head_off;
-  int it = 0;
   for (int n_block = n_max - 1; n_block >= n_min; --n_block, ++it) {
     const int s = it % Tr::kStages, phase = (it / Tr::kStages) & 1;
     const bool whole = (n_block + 1) * Tr::kBlockN <= si.len_k;
@@ -241,7 +285,7 @@ __device__ __forceinline__ void producer_dense(const FwdParams& p, const SeqInfo
     if (whole) {
       tma_tile<Tr>(sm.k(s), maps.k, hk, row, sm.k_full(s), t);
     } else {
-      producer_copy<Tr, false>(sm.k(s), k_head, p, si, n_block, t);
+      producer_copy<Tr, false>(sm.k(s), k_head, p, si, nullptr, n_block, t);
       cp_async_commit();
       producer_signal<0>(sm.k_full(s));
     }
@@ -249,19 +293,21 @@ __device__ __forceinline__ void producer_dense(const FwdParams& p, const SeqInfo
     if (whole) {
       tma_tile<Tr>(sm.v(s), maps.v, hk, row, sm.v_full(s), t);
     } else {
-      producer_copy<Tr, false>(sm.v(s), v_head, p, si, n_block, t);
+      producer_copy<Tr, false>(sm.v(s), v_head, p, si, nullptr, n_block, t);
       cp_async_commit();
       producer_signal<0>(sm.v_full(s));
     }
   }
 }
 
-// Paged K/V by TMA (FA_SM90_PAGED_TMA): the tile's page ids come from the block table once
-// (resolve(), also what the mask reads), then one thread issues one box of min(P, kBlockN) rows
-// per page and column block, the page id as the outermost coordinate.  An absent id is out of
-// the map's bounds and reads zeros, like the gather's zero fill; the sequence-end tile is
-// gathered (zeros past len_k).  Needs P % 8 == 0 (whole swizzle atoms per box) and pages that
-// tile the key tile.
+// Paged K/V by TMA (FA_SM90_PAGED_TMA): a whole key tile comes as one box of min(P, kBlockN)
+// rows per page and column block, the page id as the outermost coordinate.  Thread r < (pages
+// per tile) issues page r's boxes, each issuing thread adding its own bytes to the barrier
+// (arrive.expect_tx before its copies, so the transaction count never goes below zero and the
+// phase cannot complete before every box is counted); the other producer threads only arrive.
+// An absent id is out of the map's bounds and reads zeros, like the gather's zero fill; the
+// sequence-end tile is gathered (zeros past len_k).  Needs P % 8 == 0 (whole swizzle atoms per
+// box) and pages that tile the key tile.
 template <class Tr>
 __device__ __forceinline__ bool paged_tma_ok(const FwdParams& p) {
   const int P = p.page_size;
@@ -270,60 +316,51 @@ __device__ __forceinline__ bool paged_tma_ok(const FwdParams& p) {
 
 template <class Tr>
 __device__ __forceinline__ void tma_paged_tile(u32 dst, const pipe::TmaDesc* map, const int* ids,
-                                               int head, int pos0, int page_size, u32 bar) {
+                                               int head, int pos0, int page_size, u32 bar, int t) {
   const int rows = imin(page_size, Tr::kBlockN);  // per box
-  pipe::bar_arrive_expect_tx(bar, Tr::kSmemKV);
-  for (int r = 0; r < Tr::kBlockN; r += rows) {
-    const int pos = pos0 + r;
+  if (t < Tr::kBlockN / rows) {
+    const int r = t * rows, pos = pos0 + r;
     const int in_page = pos - (pos / page_size) * page_size;
+    pipe::bar_arrive_expect_tx(bar, rows * Tr::kDBlocks * wgmma::kSwizzleRowBytes);
 #pragma unroll
     for (int j = 0; j < Tr::kDBlocks; ++j)
       pipe::tma_load_4d(dst + j * Tr::kBlockN * wgmma::kSwizzleRowBytes + r * wgmma::kSwizzleRowBytes,
                         map, 64 * j, head, in_page, ids[r], bar);
+  } else {
+    pipe::bar_arrive(bar);
   }
 }
 
 template <class Tr>
-__device__ __forceinline__ void producer_paged_tma(const FwdParams& p, const SeqInfo& si,
+__device__ __forceinline__ void producer_paged_tma(const FwdParams& p, const Sm90Tile& w,
                                                    const Sm90Smem<Tr>& sm, const TmaMaps& maps,
-                                                   int bidh, int m0, int n_min, int n_max, int t) {
-  if (t == 0) {
-    pipe::bar_arrive_expect_tx(sm.q_full(), Tr::kSmemQ);
-#pragma unroll
-    for (int j = 0; j < Tr::kDBlocks; ++j)
-      pipe::tma_load_3d(sm.q + j * Tr::kBlockM * wgmma::kSwizzleRowBytes, maps.q, 64 * j, bidh,
-                        si.q_start + m0, sm.q_full());
-  } else {
-    pipe::bar_arrive(sm.q_full());
-  }
-  const int hk = bidh / p.h_per_kv;
+                                                   int& it, int t) {
+  const SeqInfo& si = w.si;
+  const int n_min = w.n_min, n_max = w.n_max;
+  producer_q_tma<Tr>(w, sm, maps, t);
+  const int hk = w.bidh / p.h_per_kv;
   const u16* k_head = p.k + si.kv_head_off;
   const u16* v_head = p.v + si.kv_head_off;
-  int it = 0;
+  int id = PageIds<Tr>::fetch(si, n_max - 1, t);
   for (int n_block = n_max - 1; n_block >= n_min; --n_block, ++it) {
     const int s = it % Tr::kStages, phase = (it / Tr::kStages) & 1;
     const bool whole = (n_block + 1) * Tr::kBlockN <= si.len_k;
-    int* ids = sm.ids + s * Tr::kBlockN;
+    const int* ids = sm.ids + s * Tr::kBlockN;
     pipe::bar_wait(sm.k_empty(s), phase ^ 1);
-    bool absent = false;
-    ProducerRows<Tr, true>::resolve(p, si, n_block, t, absent, ids);
-    const bool any = __any_sync(0xffffffffu, absent);
-    if ((t & 31) == 0) sm.flags[s * 4 + (t >> 5)] = any;
-    pipe::named_sync(5, 128);  // every row's page id is in `ids` (thread 0 reads them)
+    PageIds<Tr>::publish(p, si, sm, s, n_block, t, id);
+    if (n_block > n_min) id = PageIds<Tr>::fetch(si, n_block - 1, t);  // lands under this tile
     if (whole) {
-      if (t == 0) tma_paged_tile<Tr>(sm.k(s), maps.k, ids, hk, n_block * Tr::kBlockN, p.page_size, sm.k_full(s));
-      else pipe::bar_arrive(sm.k_full(s));
+      tma_paged_tile<Tr>(sm.k(s), maps.k, ids, hk, n_block * Tr::kBlockN, p.page_size, sm.k_full(s), t);
     } else {
-      producer_copy<Tr, true>(sm.k(s), k_head, p, si, n_block, t);
+      producer_copy<Tr, true>(sm.k(s), k_head, p, si, ids, n_block, t);
       cp_async_commit();
       producer_signal<0>(sm.k_full(s));
     }
     pipe::bar_wait(sm.v_empty(s), phase ^ 1);
     if (whole) {
-      if (t == 0) tma_paged_tile<Tr>(sm.v(s), maps.v, ids, hk, n_block * Tr::kBlockN, p.page_size, sm.v_full(s));
-      else pipe::bar_arrive(sm.v_full(s));
+      tma_paged_tile<Tr>(sm.v(s), maps.v, ids, hk, n_block * Tr::kBlockN, p.page_size, sm.v_full(s), t);
     } else {
-      producer_copy<Tr, true>(sm.v(s), v_head, p, si, n_block, t);
+      producer_copy<Tr, true>(sm.v(s), v_head, p, si, ids, n_block, t);
       cp_async_commit();
       producer_signal<0>(sm.v_full(s));
     }
@@ -372,11 +409,20 @@ __device__ __forceinline__ void issue_pv(float (&acc_o)[1][Tr::kDTiles][4],
 
 // The producer fills K of round r + 1 only after EMPTY(s) of round r completed, so an arrival
 // can never be counted in the round before its own.
+// Q protocol of a persistent CTA: the producer loads tile tq's Q after q_empty of tile tq - 1
+// (parity (tq & 1) ^ 1), the consumers wait q_full with parity tq & 1 -- every tile, also one
+// without keys (then the producer only arrives) -- and arrive on q_empty once Q (and, without
+// kSeparateO, the O staged in its buffer) is no longer read.  `it` counts the ring's tiles
+// over the schedule, as the producer's does.
 template <class Tr, class Elem, bool Has_transform, bool Is_paged>
-__device__ __forceinline__ void consumer(const FwdParams& p, const SeqInfo& si,
-                                         const Sm90Smem<Tr>& sm, int bidb, int bidh, int m0,
-                                         int rows_valid, int n_min, int n_max, int cw, int ctid) {
+__device__ __forceinline__ void consumer(const FwdParams& p, const Sm90Tile& w,
+                                         const Sm90Smem<Tr>& sm, int& it, int tq, int cw,
+                                         int ctid) {
   constexpr int kNTiles = Tr::kNTiles, kDTiles = Tr::kDTiles, kBlockN = Tr::kBlockN;
+  const SeqInfo& si = w.si;
+  const int bidb = w.bidb, bidh = w.bidh, m0 = w.m0, rows_valid = w.rows_valid;
+  const int n_min = w.n_min, n_max = w.n_max;
+  const int it0 = it;
   constexpr bool kOverlap = Tr::overlap(Is_paged, Has_transform);
   constexpr bool kPingPong = Tr::pingpong(Is_paged, Has_transform);
   const int warp = ctid >> 5, lane = ctid & 31;
@@ -394,6 +440,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const SeqInfo& si,
   zero_fragments(acc_o);
   OnlineSoftmax<1> softmax;
   softmax.init();
+  pipe::bar_wait(sm.q_full(), tq & 1);
 
   if (n_max > n_min) {
     // Key tiles this warpgroup's rows see at all: [a_min, a_max), a subset of the CTA's
@@ -412,11 +459,10 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const SeqInfo& si,
     }
     const u32 q_tile = sm.q + Tr::kWgRows * cw * wgmma::kSwizzleRowBytes;
     const Mask<Is_paged> mask(p, si.len_k, shift);
-    pipe::bar_wait(sm.q_full(), 0);
 
-    // The ring position of the tile visited it-th (tiles run n_max - 1 down to n_min).
-    auto stage_of = [&](int n_block) { return (n_max - 1 - n_block) % Tr::kStages; };
-    auto phase_of = [&](int n_block) { return ((n_max - 1 - n_block) / Tr::kStages) & 1; };
+    // The ring position of a key tile (this query tile's run n_max - 1 down to n_min).
+    auto stage_of = [&](int n_block) { return (it0 + n_max - 1 - n_block) % Tr::kStages; };
+    auto phase_of = [&](int n_block) { return ((it0 + n_max - 1 - n_block) / Tr::kStages) & 1; };
     auto skip_tiles = [&](int hi, int lo) {  // tiles hi-1 .. lo: released unread
       for (int n_block = hi - 1; n_block >= lo; --n_block) {
         const int s = stage_of(n_block);
@@ -467,7 +513,6 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const SeqInfo& si,
     auto their_turn = [&]() {
       if constexpr (kPingPong) pipe::named_arrive(2 - cw, 256);
     };
-    if (cw == 1) their_turn();
     auto issue_s = [&](int n_block) {
       pipe::bar_wait(sm.k_full(stage_of(n_block)), phase_of(n_block));
       wgmma::fence();
@@ -534,11 +579,18 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const SeqInfo& si,
       o_done(a_min);
     }
     skip_tiles(a_min, n_min);
+    it += n_max - n_min;
   }
+  if constexpr (Tr::kSeparateO) pipe::bar_arrive(sm.q_empty());  // every Q K^T has completed
 
-  // Epilogue: O /= l, LSE.  O goes through this warpgroup's own rows of the Q tile (its last
-  // wgmma has completed; no other warpgroup reads them) so that the global stores are 16-byte
-  // and row-contiguous rather than 4-byte pairs.
+  // Epilogue: O /= l, LSE.  O goes through this warpgroup's own rows of the staging tile (its
+  // own buffer, or without kSeparateO the Q tile, whose last wgmma has completed) so that the
+  // global stores are 16-byte and row-contiguous rather than 4-byte pairs.
+  if constexpr (Tr::kSeparateO) pipe::named_sync(3 + cw, 128);  // the last tile's O is read
+  // The staging base through an opaque move: its addresses are loop-invariant over the
+  // persistent schedule, and hoisted out of it they stayed live through the main loop (48 bytes
+  // of spills in the D = 192 and the D = 256 softcap / ALiBi consumers).
+  const u32 o_stage = pipe::opaque(sm.o);
   float lse[1][2];
   softmax.finalize(acc_o, c, lse, sink_log2(p.sinks, bidh));
   const int g = lane >> 2, t = lane & 3;
@@ -548,7 +600,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const SeqInfo& si,
     const int row = wg_row0 + 16 * warp + 8 * h + g;
 #pragma unroll
     for (int dt = 0; dt < kDTiles; ++dt)
-      st_shared_b32(sm.q + wgmma::tile_offset<Tr::kBlockM>(row, dt) + 4 * t,
+      st_shared_b32(o_stage + wgmma::tile_offset<Tr::kBlockM>(row, dt) + 4 * t,
                     Elem::pack(acc_o[0][dt][2 * h], acc_o[0][dt][2 * h + 1]));
     if (t == 0 && row < rows_valid)
       p.lse[(i64)bidh * p.lse_head_stride + si.q_start + m0 + row] = lse[0][h];
@@ -562,9 +614,13 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const SeqInfo& si,
     const int row = wg_row0 + idx / Tr::kChunks, chunk = idx % Tr::kChunks;
     if (row < rows_valid && chunk * 8 < p.head_dim) {
       u32 r[4];
-      ld_shared_v4(r, sm.q + wgmma::tile_offset<Tr::kBlockM>(row, chunk));
+      ld_shared_v4(r, o_stage + wgmma::tile_offset<Tr::kBlockM>(row, chunk));
       st_global_v4(o_tile + (i64)row * p.o_row_stride + chunk * 8, r);
     }
+  }
+  if constexpr (!Tr::kSeparateO) {
+    pipe::fence_async_shared();  // these generic reads / writes before the next Q's TMA write
+    pipe::bar_arrive(sm.q_empty());
   }
 }
 
@@ -572,15 +628,10 @@ template <class Tr, class Elem, bool Has_transform, bool Is_paged>
 __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps& maps) {
   extern __shared__ __align__(16) unsigned char smem[];  // aligned up by Sm90Smem
   const int tidx = threadIdx.x, wg = tidx >> 7;
-  const int bidb = blockIdx.z, bidh = blockIdx.y;
-  // Causal / local: high m_blocks see the most keys; launching them first shortens the tail.
-  const int m_block = p.window_right >= 0 ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
   const Sm90Smem<Tr> sm(smem);
-
-  __shared__ SeqInfo seq;
   if (tidx == 0) {
-    seq.resolve<Is_paged>(p, bidb, bidh);
     pipe::bar_init(sm.q_full(), 128);
+    pipe::bar_init(sm.q_empty(), 128 * Tr::kConsumerWGs);
 #pragma unroll
     for (int s = 0; s < Tr::kStages; ++s) {
       pipe::bar_init(sm.k_full(s), 128);
@@ -590,31 +641,44 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
     }
   }
   __syncthreads();
-  const SeqInfo si = seq;
-  const int m0 = m_block * Tr::kBlockM;
-  if (m0 >= si.len_q) return;  // grid sized by max_seqlen_q; this sequence is shorter
-  if (si.len_q < p.len_q_min || si.len_q > p.len_q_max) return;  // the decode kernel's
-  const int rows_valid = imin(Tr::kBlockM, si.len_q - m0);
-  int n_min, n_max;
-  Window(p, si.len_k, si.len_k - si.len_q)
-      .template tile_range<Tr::kBlockN>(m0, m0 + rows_valid - 1, n_min, n_max);
 
   if (wg == 0) {
     pipe::regs_dealloc<Tr::kProducerRegs>();
-    if (n_max > n_min) {
+    const int num_tiles = p.tiles_m * p.num_heads * p.batch;
+    int it = 0, tq = 0;
+    for (int r = 0; r * (int)gridDim.x < num_tiles; ++r) {
+      const int i = tile_of_round(r);
+      Sm90Tile w;
+      if (i >= num_tiles || !tile_at<Tr, Is_paged>(p, i, w)) continue;
+      pipe::bar_wait(sm.q_empty(), (tq & 1) ^ 1);  // the consumers are done with the last Q
+      ++tq;
+      if (w.n_max <= w.n_min) {  // no key to load: O = 0, LSE = +inf
+        pipe::bar_arrive(sm.q_full());
+        continue;
+      }
       if constexpr (Is_paged) {
         if (paged_tma_ok<Tr>(p))
-          producer_paged_tma<Tr>(p, si, sm, maps, bidh, m0, n_min, n_max, tidx);
+          producer_paged_tma<Tr>(p, w, sm, maps, it, tidx);
         else
-          producer<Tr, true>(p, si, sm, bidh, m0, rows_valid, n_min, n_max, tidx);
+          producer_paged_gather<Tr>(p, w, sm, maps, it, tidx);
       } else {
-        producer_dense<Tr>(p, si, sm, maps, bidh, m0, n_min, n_max, tidx);
+        producer_dense<Tr>(p, w, sm, maps, it, tidx);
       }
     }
   } else {
     pipe::regs_alloc<Tr::kConsumerRegs>();
-    consumer<Tr, Elem, Has_transform, Is_paged>(p, si, sm, bidb, bidh, m0, rows_valid, n_min,
-                                                n_max, wg - 1, tidx - 128 * wg);
+    const int num_tiles = p.tiles_m * p.num_heads * p.batch;
+    const int cw = wg - 1;
+    // Ping-pong: warpgroup 0 takes the first turn (see consumer), once for the whole schedule.
+    if (Tr::pingpong(Is_paged, Has_transform) && cw == 1) pipe::named_arrive(1, 256);
+    int it = 0, tq = 0;
+    for (int r = 0; r * (int)gridDim.x < num_tiles; ++r) {
+      const int i = tile_of_round(r);
+      Sm90Tile w;
+      if (i >= num_tiles || !tile_at<Tr, Is_paged>(p, i, w)) continue;
+      consumer<Tr, Elem, Has_transform, Is_paged>(p, w, sm, it, tq, cw, tidx - 128 * wg);
+      ++tq;
+    }
   }
 }
 

@@ -5,8 +5,9 @@
 // Registers: 168 per thread at entry (__launch_bounds__(384, 1)); setmaxnreg moves them to
 // kProducerRegs / kConsumerRegs with the same total (e.g. 128 x 56 + 256 x 224 = 384 x 168), so
 // the consumers' increase never waits on registers another CTA holds.
-// Shared memory: Q (kBlockM x D), kStages K and V tiles (kBlockN x D), all in the SW128 layout
-// of wgmma.cuh, 1024-byte aligned; then the mbarriers and (paged) the page ids per stage.
+// Shared memory: Q (kBlockM x D), kStages K and V tiles (kBlockN x D), the O staging tile
+// (kSeparateO), all in the SW128 layout of wgmma.cuh, 1024-byte aligned; then the mbarriers and
+// (paged) the page ids per stage.
 #pragma once
 #include "../common.cuh"
 
@@ -26,10 +27,12 @@
 #define FA_SM90_DIAG_NO_SOFTMAX 0
 #endif
 // Paged K/V by TMA (flash_fwd.cu, producer_paged_tma) where a page holds whole 8-row boxes
-// that tile the key tile (P % 8 == 0 and P % kBlockN == 0 or kBlockN % P == 0).  Off until a
-// device run verifies it (NOTES.md, sm90 v6); the host encodes the paged maps only when on.
+// that tile the key tile (P % 8 == 0 and P % kBlockN == 0 or kBlockN % P == 0); other page
+// sizes gather.  Measured (NOTES.md, sm90 v6, D = 128 S = 4k, TFLOP/s, TMA / gather): P = 16
+// 479 / 440, P = 256 607 / 444 (dense 633).  0 builds the gather for every page size (A/B
+// runs); the host encodes the paged maps only when on (tma.paged_tma_enabled).
 #ifndef FA_SM90_PAGED_TMA
-#define FA_SM90_PAGED_TMA 0
+#define FA_SM90_PAGED_TMA 1
 #endif
 #ifndef FA_SM90_STAGES_128
 #define FA_SM90_STAGES_128 2
@@ -79,9 +82,16 @@ struct Sm90FwdTraitsBase {
 
   static constexpr int kSmemQ = kBlockM * kHeadDim * 2;
   static constexpr int kSmemKV = kBlockN * kHeadDim * 2;
-  static constexpr int kSmemTiles = kSmemQ + 2 * kStages * kSmemKV;
-  // q_full, k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages]: 8 bytes each.
-  static constexpr int kNumBars = 1 + 4 * kStages;
+  // The epilogue stages O (kBlockM x D, 16-bit) in shared memory for row-contiguous 16-byte
+  // stores.  Its own buffer where it fits (D <= 192: at most 195 KB in all), so a persistent
+  // CTA's producer loads the next tile's Q while the consumers still write this tile's O; at
+  // D = 256 (192 KB of Q + ring) O reuses Q's buffer and the next Q waits for the epilogue.
+  static constexpr bool kSeparateO = kSmemQ + 2 * kStages * kSmemKV + kSmemQ <= 200 * 1024;
+  static constexpr int kSmemO = kSeparateO ? kSmemQ : 0;
+  static constexpr int kSmemTiles = kSmemQ + 2 * kStages * kSmemKV + kSmemO;
+  // q_full, q_empty, k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages]:
+  // 8 bytes each.
+  static constexpr int kNumBars = 2 + 4 * kStages;
   static constexpr int kSmemBars = ceil_div(kNumBars * 8, 16) * 16;
   // Paged: per stage, the page id of each key row (the mask's absent-page test) and one
   // "some key is on an absent page" flag per producer warp.

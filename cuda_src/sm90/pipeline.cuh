@@ -92,6 +92,14 @@ __device__ __forceinline__ void regs_alloc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
 }
 
+// x, as a value the compiler cannot see through: addresses computed from it are not hoisted
+// out of the persistent tile loop (where they would hold registers through the main loop).
+__device__ __forceinline__ u32 opaque(u32 x) {
+  u32 y;
+  asm volatile("mov.b32 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+
 // A named barrier among `threads` threads (a multiple of 32) of the CTA; id 0 is __syncthreads.
 // sync waits for the barrier to complete; arrive counts this thread's warp without waiting.
 __device__ __forceinline__ void named_sync(int id, int threads) {

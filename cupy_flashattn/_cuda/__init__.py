@@ -78,9 +78,11 @@ def describe_launches(problem, sm_count=None, arch=None, device_cc=None) -> tupl
     ``smem`` (bytes) and, for decode, ``splits`` and the query-length range it serves.  Plan
     tests (``tests/test_plan.py``) and debugging read it; the plans compute the same values
     through the same functions.  ``arch`` / ``device_cc``: the prefill family, or the compute
-    capability it is chosen for (default: the current device; 80 without a GPU)."""
+    capability it is chosen for (default: the current device; 80 without a GPU).  The sm90
+    grid is persistent (at most one CTA per SM: ``sm_count``, default the current device's, or
+    132 when ``device_cc`` describes a device that is not there)."""
     from .decode import DECODE_THREADS, decode_grid, plan as decode_plan, smem_bytes as decode_smem
-    from .launch import prefill_grid
+    from .launch import launch_grid
 
     kind, limit = route(problem)
     out = []
@@ -92,7 +94,10 @@ def describe_launches(problem, sm_count=None, arch=None, device_cc=None) -> tupl
     if kind in ("prefill", "mixed"):
         key = select_kernel(problem, arch=arch, device_cc=device_cc)
         tr = traits(key.head_dim, key.arch)
-        out.append(dict(kernel=key.name, arch=key.arch, grid=prefill_grid(problem, tr),
+        if key.arch == "sm90" and sm_count is None and device_cc is not None:
+            sm_count = 132  # described for a 9.0 device without one: an H100 / H200 SXM
+        grid = launch_grid(problem, tr, key.arch, sm_count=sm_count)
+        out.append(dict(kernel=key.name, arch=key.arch, grid=grid,
                         block=(tr.num_threads,),
                         smem=tr.smem_bytes, splits=1,
                         len_q=(limit + 1, None) if limit is not None else (1, None)))

@@ -114,9 +114,10 @@ class Operands:
         return (self.q is p.q and self.k is p.k and self.v is p.v and self.o is p.out
                 and self.lse is p.softmax_lse)
 
-    def fwd_values(self, len_q_min: int = 0, len_q_max: int = INT_MAX) -> dict:
+    def fwd_values(self, len_q_min: int = 0, len_q_max: int = INT_MAX, tiles_m: int = 0) -> dict:
         """The ``fa::FwdParams`` fields (``compile.PARAMS`` names) -> values; arrays (or None)
-        for the pointer fields."""
+        for the pointer fields.  ``tiles_m``: query tiles per (sequence, head), read by the
+        sm90 family's persistent schedule only."""
         p, q, k, v, o, lse = self.problem, self.q, self.k, self.v, self.o, self.lse
         if p.paged:
             k_page, k_row, k_head = elem_stride(k, 0), elem_stride(k, 1), elem_stride(k, 2)
@@ -145,6 +146,7 @@ class Operands:
             window_left=window(p.window_left), window_right=window(p.window_right),
             softmax_scale=p.softmax_scale, softcap=p.softcap if p.softcap > 0 else 0.0,
             len_q_min=len_q_min, len_q_max=len_q_max, seqused_k_add=p.seqused_k_add,
+            tiles_m=tiles_m,
         )  # fmt: skip
 
     def finish(self) -> None:

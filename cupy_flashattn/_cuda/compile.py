@@ -97,6 +97,7 @@ PARAMS = (
     ("int", "len_q_min"),
     ("int", "len_q_max"),
     ("int", "seqused_k_add"),
+    ("int", "tiles_m"),
 )
 
 

@@ -19,6 +19,8 @@ Adaptations made before the launch (each costs a copy, and only when needed):
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ..problem import AttentionProblem
@@ -35,12 +37,6 @@ __all__ = ["run_attention", "is_available", "select_kernel", "prefill_arch", "fo
 #: Environment variable forcing the prefill kernel family: "sm80" (mma.sync, any GPU >= 8.0),
 #: "sm90" (wgmma; compute capability 9.0 only) or "auto" (default: sm90 on 9.0, else sm80).
 PREFILL_ARCH_ENV = "CUPY_FLASHATTN_PREFILL_ARCH"
-#: Whether "auto" runs paged prefill on sm90.  False until the sm90 paged kernels pass a device
-#: run: the 2026-12-04 verification found their absent-page flag wrong for block-table entries of
-#: -1 (3 failures of test_absent_pages); the fix came after the device time of that session ran
-#: out (benchmarks/NOTES.md, sm90 v5).  sm80's paged kernels passed that run.  Forcing sm90
-#: still runs them (how the next device run verifies them before this flips to True).
-SM90_PAGED_AUTO = False
 _FORCED = {"arch": None}  # force_prefill_arch(); None: the environment variable / auto
 _DEVICE_CC: dict = {}  # device id -> compute capability (an int such as 90)
 
@@ -76,8 +72,7 @@ def prefill_arch(head_dim: int, transform: bool, paged: bool, device_cc=None) ->
     """The prefill kernel family for a problem: forced (force_prefill_arch, then the environment
     variable), else sm90 on a compute capability 9.0 device and sm80 elsewhere.  sm_90a code
     runs only on 9.0, so a forced sm90 on another device is an error, not a silent fallback;
-    the instantiations sm90 does not ship (compile.SM90_UNSHIPPED) run on sm80, and so does
-    paged prefill unless forced (SM90_PAGED_AUTO)."""
+    the instantiations sm90 does not ship (compile.SM90_UNSHIPPED) run on sm80."""
     import os
 
     forced = _FORCED["arch"] or os.environ.get(PREFILL_ARCH_ENV, "auto") or "auto"
@@ -90,8 +85,6 @@ def prefill_arch(head_dim: int, transform: bool, paged: bool, device_cc=None) ->
         raise ValueError(f"{PREFILL_ARCH_ENV}=sm90: the sm_90a kernels need a compute capability "
                          f"9.0 GPU, this one is {cc // 10}.{cc % 10}. Fix: unset it (auto) or use sm80.")
     if cc != 90:
-        return "sm80"
-    if paged and forced == "auto" and not SM90_PAGED_AUTO:
         return "sm80"
     bucket = bucket_for(head_dim, SM90_HEAD_DIM_BUCKETS)
     return "sm80" if (bucket, transform, paged) in SM90_UNSHIPPED else "sm90"
@@ -127,10 +120,7 @@ def describe_prefill_path(device_cc=None) -> str:
         family = prefill_arch(128, False, False, device_cc=cc)
     except ValueError as e:
         return f"none: {e}"
-    paged = ""
-    if family == "sm90" and not _FORCED["arch"] and forced == "auto" and not SM90_PAGED_AUTO:
-        paged = "; paged prefill: sm80 (its sm90 kernels await a device verification)"
-    return f"{_FAMILY_WORDS[family]} ({how}){paged}; decode: sm80 split-KV"
+    return f"{_FAMILY_WORDS[family]} ({how}); decode: sm80 split-KV"
 
 
 def select_kernel(problem: AttentionProblem, arch=None, device_cc=None) -> KernelKey:
@@ -161,6 +151,80 @@ def prefill_grid(problem: AttentionProblem, tr) -> tuple:
     return (-(-int(p.max_seqlen_q) // tr.block_m), p.num_heads, int(p.batch_size))
 
 
+def _tile_work(problem: AttentionProblem, tiles_m: int, block_m: int, block_n: int) -> np.ndarray:
+    """Key tiles each query tile of a (sequence, head) visits, in the sm90 schedule's order (m
+    index 0 first: the last query tile under a window, as flash_fwd.cu's tile_at walks them),
+    for the longest sequence (varlen lengths are on the device) plus one tile of fill and
+    epilogue.  The mask's rule: query i sees keys [i + shift - window_left, i + shift +
+    window_right] (bottom-right aligned, shift = Sk - Sq)."""
+    p = problem
+    sq, sk = int(p.max_seqlen_q), int(p.max_seqlen_k)
+    shift = sk - sq
+    m_block = np.arange(tiles_m)
+    if p.window_right >= 0:
+        m_block = tiles_m - 1 - m_block
+    first_q = m_block * block_m
+    last_q = np.minimum(first_q + block_m, sq) - 1
+    lo = np.zeros(tiles_m, np.int64) if p.window_left < 0 else np.maximum(first_q + shift - p.window_left, 0)
+    hi = np.full(tiles_m, sk) if p.window_right < 0 else np.minimum(last_q + shift + p.window_right + 1, sk)
+    n = np.maximum(-(-hi // block_n) - lo // block_n, 0)
+    return n + 1
+
+
+def snake_makespan(work: np.ndarray, ctas: int) -> int:
+    """The heaviest CTA's work under flash_fwd.cu's schedule: rounds of ``ctas`` tiles, CTA c
+    taking tile c of even rounds and tile ctas - 1 - c of odd ones."""
+    rounds = -(-len(work) // ctas)
+    padded = np.zeros(rounds * ctas, np.int64)
+    padded[: len(work)] = work
+    grid = padded.reshape(rounds, ctas)
+    grid[1::2] = grid[1::2, ::-1]
+    return int(grid.sum(axis=0).max())
+
+
+def persistent_grid(problem: AttentionProblem, tr, sm_count: int) -> tuple:
+    """The sm90 family's launch grid: (CTAs,) with at most one CTA per SM, each walking its
+    query tiles in rounds (flash_fwd.cu's persistent schedule).  Without a window every tile
+    costs the same and every SM gets a CTA.  Under a causal / local window tile m's work grows
+    with m; the count among the 16 below the SM count whose heaviest CTA has the least work
+    (:func:`snake_makespan`, ties to more CTAs) is taken -- within 3% of an even split at
+    S = 2k..16k causal, against up to 20% for a plain c, c + CTAs, ... order."""
+    tiles_m, heads, batch = prefill_grid(problem, tr)
+    total = tiles_m * heads * batch
+    if total <= sm_count:
+        return (max(total, 1), 1, 1)
+    if problem.window_right < 0 and problem.window_left < 0:
+        return (sm_count, 1, 1)
+    work = np.tile(_tile_work(problem, tiles_m, tr.block_m, tr.block_n), heads * batch)
+    candidates = range(sm_count, max(sm_count - 16, 1) - 1, -1)
+    return (min(candidates, key=lambda ctas: (snake_makespan(work, ctas), -ctas)), 1, 1)
+
+
+def sm_count_of(device_id=None) -> int:
+    """SMs of a device (default: the current one)."""
+    import cupy
+
+    from .decode import _sm_count
+
+    return _sm_count(cupy.cuda.runtime.getDevice() if device_id is None else device_id)
+
+
+#: Development switch (device A/B runs): "tiles" launches the sm90 kernels with one CTA per
+#: query tile (the persistent loop then runs one round per CTA, the hardware schedules).
+SM90_GRID_ENV = "CUPY_FLASHATTN_SM90_GRID"
+
+
+def launch_grid(problem: AttentionProblem, tr, arch: str, sm_count=None) -> tuple:
+    """The grid a prefill launch uses: sm80, one CTA per query tile (:func:`prefill_grid`);
+    sm90, :func:`persistent_grid` on ``sm_count`` SMs (default: the current device's)."""
+    if arch != "sm90":
+        return prefill_grid(problem, tr)
+    if os.environ.get(SM90_GRID_ENV, "persistent") == "tiles":
+        tiles_m, heads, batch = prefill_grid(problem, tr)
+        return (max(tiles_m * heads * batch, 1), 1, 1)
+    return persistent_grid(problem, tr, sm_count_of() if sm_count is None else int(sm_count))
+
+
 def needs_temporaries(problem: AttentionProblem) -> bool:
     """True when the launch writes into a temporary (padded head dim, float32 output, misaligned
     out, strided LSE) that is copied back whole -- which would overwrite rows another kernel
@@ -188,20 +252,22 @@ class PrefillPlan:
         tr = traits(key.head_dim, key.arch)
         self.compute_dtype = compute_dtype(key.dtype)
         self.len_q_min = len_q_min
-        self.grid = prefill_grid(p, tr)
+        tiles = prefill_grid(p, tr)
+        self.tiles_m = tiles[0]
+        self.empty = not (tiles[0] > 0 and tiles[2] > 0 and p.total_q > 0)
+        self.grid = tiles if self.empty else launch_grid(p, tr, key.arch)
         self.block = (tr.num_threads,)
         self.smem = tr.smem_bytes
-        self.empty = not (self.grid[0] > 0 and self.grid[2] > 0 and p.total_q > 0)
         self.kernel = None if self.empty else get_kernel(key)
-        # sm90: the struct also carries TMA maps of q, k, v (dense kernels; paged ones gather,
-        # unless built with FA_SM90_PAGED_TMA).
+        # sm90: the struct also carries TMA maps of q, k, v (paged k / v: only for page sizes
+        # the kernel loads by TMA, tma.paged_tma_ok).
         self.tma = key.arch == "sm90"
         self.tile = (tr.block_m, tr.block_n, key.paged)
         ops = Operands(p, self.compute_dtype)
         self.direct = ops.direct
         self.launch = None
         if self.direct and not self.empty:
-            values = ops.fwd_values(len_q_min=len_q_min)
+            values = ops.fwd_values(len_q_min=len_q_min, tiles_m=self.tiles_m)
             if self.tma:
                 self.launch = TmaLaunch(self.kernel, self.grid, self.block, self.smem, SM90_ARGS,
                                         SM90_ARGS.new(values), self._geometries(values))
@@ -220,7 +286,7 @@ class PrefillPlan:
             return
         ops = Operands(p, self.compute_dtype)
         if not self.empty:
-            values = ops.fwd_values(len_q_min=self.len_q_min)
+            values = ops.fwd_values(len_q_min=self.len_q_min, tiles_m=self.tiles_m)
             if self.tma:
                 args = SM90_ARGS.new(values)
                 geometries = self._geometries(values)

@@ -126,18 +126,20 @@ class TmaArgPack:
 
     @staticmethod
     def write_maps(words: np.ndarray, geometries, addresses) -> None:
-        """Encode map i (q, k, v) of ``addresses[i]`` with ``geometries[i]`` into ``words``."""
+        """Encode map i (q, k, v) of ``addresses[i]`` with ``geometries[i]`` into ``words``
+        (a None geometry: a map the kernel does not read, left zero)."""
         base = words.ctypes.data
         for i, (geo, addr) in enumerate(zip(geometries, addresses)):
-            geo.encode(base + i * MAP_BYTES, addr)
+            if geo is not None:
+                geo.encode(base + i * MAP_BYTES, addr)
 
 
 def paged_tma_enabled() -> bool:
     """Whether the sm90 kernels are built with paged K/V by TMA (the FA_SM90_PAGED_TMA switch of
-    cuda_src/sm90/kernel_traits.cuh, off by default until verified on a device)."""
+    cuda_src/sm90/kernel_traits.cuh: on unless a device A/B run turns it off)."""
     from .compile import _tuning_defines
 
-    return "-DFA_SM90_PAGED_TMA=1" in _tuning_defines()
+    return "-DFA_SM90_PAGED_TMA=0" not in _tuning_defines()
 
 
 def paged_tma_ok(page_size: int, block_n: int) -> bool:
@@ -162,10 +164,8 @@ def fwd_geometries(values: dict, block_m: int, block_n: int, paged: bool = False
     """The q, k, v map geometries of a prefill launch from its FwdParams ``values``:
     q (head_dim, H, total_q) box (64, 1, block_m); dense k, v (head_dim, Hk, k_rows) box
     (64, 1, block_n); paged k, v: :func:`paged_geometry`, or None when the kernel gathers them
-    (then it reads no map at all).  (The kernels load head_dim in 64-column boxes; columns past
+    (then it reads only q's map).  (The kernels load head_dim in 64-column boxes; columns past
     head_dim read zeros.)"""
-    if paged and not paged_tma_ok(values["page_size"], block_n):
-        return None
     d, h = int(values["head_dim"]), int(values["num_heads"])
     hk = h // int(values["h_per_kv"])
 
@@ -176,7 +176,7 @@ def fwd_geometries(values: dict, block_m: int, block_n: int, paged: bool = False
     q = TmaGeometry((d, h, q_rows), (stride(values["q_head_stride"], h),
                                      stride(values["q_row_stride"], q_rows)), (64, 1, block_m))
     if paged:
-        kv = paged_geometry(values, block_n)
+        kv = paged_geometry(values, block_n) if paged_tma_ok(values["page_size"], block_n) else None
     else:
         kv = TmaGeometry((d, hk, k_rows), (stride(values["k_head_stride"], hk),
                                            stride(values["k_row_stride"], k_rows)), (64, 1, block_n))

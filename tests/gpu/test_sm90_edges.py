@@ -3,8 +3,8 @@ cp.async gather (lengths that are not multiples of the 128 x kBlockN tile, the l
 page, page sizes 1 / 7 / 16 / 48 / 64 / 256 with scattered pages), the consumers' per-warpgroup
 tile ranges (causal rows split over two warpgroups, Sq = 1), GQA ratios, and the head-dim
 buckets (64 / 80 / 128 / 200 / 256).  Same oracle and bound as test_gpu_kernels.py; the whole
-GPU suite also runs on this path (the default on a 9.0 device for dense and varlen prefill;
-paged prefill only when forced, see launch.SM90_PAGED_AUTO -- these tests force it).
+GPU suite also runs on this path (the default for prefill on a 9.0 device; these tests force
+it).
 """
 
 from __future__ import annotations
