@@ -180,3 +180,16 @@ def test_persistent_grid_balances_causal_tiles_over_the_ctas():
             assert plain > 1.15 * sum(work) / H100_SMS  # what the snake avoids
     p.window_right = -1  # no window: every tile costs the same, every SM gets a CTA
     assert launch.persistent_grid(p, tr, H100_SMS) == (H100_SMS, 1, 1)
+
+
+def test_sequences_of_unknown_lengths_get_one_cta_per_tile_on_sm90():
+    """Varlen / paged (cu_seqlens, seqused_k): the host does not know the tiles' work, so the
+    hardware schedules one CTA per tile (the same kernel, one round each)."""
+    from cupy_flashattn._cuda import launch
+
+    tr = cc.traits(128, "sm90")
+    p = _problem(B=8, max_q=2048, max_k=2048, H=16, Hk=16, D=128, varlen=True)
+    assert not launch.uniform_lengths(p)
+    assert launch.persistent_grid(p, tr, H100_SMS) == (16 * 16 * 8, 1, 1)
+    p = _problem(B=8, max_q=2048, max_k=2048, H=16, Hk=16, D=128)
+    assert launch.uniform_lengths(p) and launch.persistent_grid(p, tr, H100_SMS) == (H100_SMS, 1, 1)
