@@ -8,6 +8,10 @@ SHA-256 of its cubin.  NVRTC_OPTIONS carry no -lineinfo, so source positions do 
 cubin.
 
     python3 tools/cubin_fingerprint.py [--arch 80 90 90a] > before.txt   # then diff with after
+    python3 tools/cubin_fingerprint.py --per-key --arch 90a   # one line per sm90 kernel
+
+--per-key compiles every shipped sm90 key alone (in parallel processes), so a change shows
+which kernels it touched (e.g. only the paged ones).
 """
 
 from __future__ import annotations
@@ -34,10 +38,24 @@ def modules(arch):
     yield "rope_append", dc.rope_source()
 
 
+def _key_hash(key_name: str) -> str:
+    key = next(k for k in cc.shipped_keys("sm90") if k.name == key_name)
+    cubin, _ = cc.compile_for_arch(cc.kernel_source([key]), "90a", verbose=False)
+    return f"sm_90a {key.name:40s} {hashlib.sha256(cubin).hexdigest()} {len(cubin)}"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", nargs="+", default=["80", "90", "90a"])
+    ap.add_argument("--per-key", action="store_true", help="sm90: one line per shipped key")
     args = ap.parse_args(argv)
+    if args.per_key:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(os.cpu_count()) as ex:
+            for line in ex.map(_key_hash, [k.name for k in cc.shipped_keys("sm90")]):
+                print(line, flush=True)
+        return
     for arch in args.arch:
         for name, src in modules(arch):
             cubin, _ = cc.compile_for_arch(src, arch, verbose=False)

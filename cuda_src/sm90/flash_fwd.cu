@@ -247,13 +247,12 @@ __device__ __forceinline__ void producer_paged_gather(const FwdParams& p, const 
   producer_signal<0>(sm.v_full((it - 1) % Tr::kStages));
 }
 
-// The dense producer (no block table): whole key tiles and Q by TMA -- one thread issues the
-// copies of a tile (one box of 64 columns x rows per 128-byte column block, written in the SW128
-// layout by the copy engine itself) and the barrier completes when the bytes have landed; the
-// other producer threads only arrive.  The tile that holds the end of the sequence is gathered
-// by cp.async instead: its rows past len_k must be zeros (a TMA box would read the next
-// sequence's rows, and a NaN there times P = 0 would still be NaN).
-
+// Dense K/V by TMA: one thread issues the copies of a whole key tile (one box of 64 columns x
+// kBlockN rows per 128-byte column block, written in the SW128 layout by the copy engine
+// itself) and the barrier completes when the bytes have landed; the other producer threads
+// only arrive.  The tile that holds the end of the sequence is gathered by cp.async instead
+// (producer_tma): its rows past len_k must be zeros (a TMA box would read the next sequence's
+// rows, and a NaN there times P = 0 would still be NaN).
 template <class Tr>
 __device__ __forceinline__ void tma_tile(u32 dst, const pipe::TmaDesc* map, int head, int row, u32 bar,
                                          int t) {
@@ -264,39 +263,6 @@ __device__ __forceinline__ void tma_tile(u32 dst, const pipe::TmaDesc* map, int 
       pipe::tma_load_3d(dst + j * Tr::kBlockN * wgmma::kSwizzleRowBytes, map, 64 * j, head, row, bar);
   } else {
     pipe::bar_arrive(bar);
-  }
-}
-
-template <class Tr>
-__device__ __forceinline__ void producer_dense(const FwdParams& p, const Sm90Tile& w,
-                                               const Sm90Smem<Tr>& sm, const TmaMaps& maps,
-                                               int& it, int t) {
-  const SeqInfo& si = w.si;
-  const int n_min = w.n_min, n_max = w.n_max;
-  producer_q_tma<Tr>(w, sm, maps, t);
-  const int hk = w.bidh / p.h_per_kv;
-  const u16* k_head = p.k + si.kv_head_off;
-  const u16* v_head = p.v + si.kv_head_off;
-  for (int n_block = n_max - 1; n_block >= n_min; --n_block, ++it) {
-    const int s = it % Tr::kStages, phase = (it / Tr::kStages) & 1;
-    const bool whole = (n_block + 1) * Tr::kBlockN <= si.len_k;
-    const int row = si.k_start + n_block * Tr::kBlockN;
-    pipe::bar_wait(sm.k_empty(s), phase ^ 1);
-    if (whole) {
-      tma_tile<Tr>(sm.k(s), maps.k, hk, row, sm.k_full(s), t);
-    } else {
-      producer_copy<Tr, false>(sm.k(s), k_head, p, si, nullptr, n_block, t);
-      cp_async_commit();
-      producer_signal<0>(sm.k_full(s));
-    }
-    pipe::bar_wait(sm.v_empty(s), phase ^ 1);
-    if (whole) {
-      tma_tile<Tr>(sm.v(s), maps.v, hk, row, sm.v_full(s), t);
-    } else {
-      producer_copy<Tr, false>(sm.v(s), v_head, p, si, nullptr, n_block, t);
-      cp_async_commit();
-      producer_signal<0>(sm.v_full(s));
-    }
   }
 }
 
@@ -331,36 +297,54 @@ __device__ __forceinline__ void tma_paged_tile(u32 dst, const pipe::TmaDesc* map
   }
 }
 
-template <class Tr>
-__device__ __forceinline__ void producer_paged_tma(const FwdParams& p, const Sm90Tile& w,
-                                                   const Sm90Smem<Tr>& sm, const TmaMaps& maps,
-                                                   int& it, int t) {
+// One whole key tile of K or V into its stage by TMA: dense, the rows from `row` on; paged,
+// through the tile's page ids.
+template <class Tr, bool Is_paged>
+__device__ __forceinline__ void tma_kv_tile(u32 dst, const pipe::TmaDesc* map, const int* ids,
+                                            int head, int row, int n_block, int page_size, u32 bar,
+                                            int t) {
+  if constexpr (Is_paged)
+    tma_paged_tile<Tr>(dst, map, ids, head, n_block * Tr::kBlockN, page_size, bar, t);
+  else
+    tma_tile<Tr>(dst, map, head, row, bar, t);
+}
+
+// The TMA producer, dense and paged: Q and every whole key tile by TMA (dense: tma_tile; paged,
+// where pages tile the key tile: tma_paged_tile through the tile's page ids), the tile that
+// holds the end of the sequence gathered by cp.async (zeros past len_k).
+template <class Tr, bool Is_paged>
+__device__ __forceinline__ void producer_tma(const FwdParams& p, const Sm90Tile& w,
+                                             const Sm90Smem<Tr>& sm, const TmaMaps& maps,
+                                             int& it, int t) {
   const SeqInfo& si = w.si;
   const int n_min = w.n_min, n_max = w.n_max;
   producer_q_tma<Tr>(w, sm, maps, t);
   const int hk = w.bidh / p.h_per_kv;
   const u16* k_head = p.k + si.kv_head_off;
   const u16* v_head = p.v + si.kv_head_off;
-  int id = PageIds<Tr>::fetch(si, n_max - 1, t);
+  int id = Is_paged ? PageIds<Tr>::fetch(si, n_max - 1, t) : 0;
   for (int n_block = n_max - 1; n_block >= n_min; --n_block, ++it) {
     const int s = it % Tr::kStages, phase = (it / Tr::kStages) & 1;
     const bool whole = (n_block + 1) * Tr::kBlockN <= si.len_k;
-    const int* ids = sm.ids + s * Tr::kBlockN;
+    const int row = Is_paged ? 0 : si.k_start + n_block * Tr::kBlockN;  // dense: the tile's row
+    const int* ids = Is_paged ? sm.ids + s * Tr::kBlockN : nullptr;     // paged: its page ids
     pipe::bar_wait(sm.k_empty(s), phase ^ 1);
-    PageIds<Tr>::publish(p, si, sm, s, n_block, t, id);
-    if (n_block > n_min) id = PageIds<Tr>::fetch(si, n_block - 1, t);  // lands under this tile
+    if constexpr (Is_paged) {
+      PageIds<Tr>::publish(p, si, sm, s, n_block, t, id);
+      if (n_block > n_min) id = PageIds<Tr>::fetch(si, n_block - 1, t);  // lands under this tile
+    }
     if (whole) {
-      tma_paged_tile<Tr>(sm.k(s), maps.k, ids, hk, n_block * Tr::kBlockN, p.page_size, sm.k_full(s), t);
+      tma_kv_tile<Tr, Is_paged>(sm.k(s), maps.k, ids, hk, row, n_block, p.page_size, sm.k_full(s), t);
     } else {
-      producer_copy<Tr, true>(sm.k(s), k_head, p, si, ids, n_block, t);
+      producer_copy<Tr, Is_paged>(sm.k(s), k_head, p, si, ids, n_block, t);
       cp_async_commit();
       producer_signal<0>(sm.k_full(s));
     }
     pipe::bar_wait(sm.v_empty(s), phase ^ 1);
     if (whole) {
-      tma_paged_tile<Tr>(sm.v(s), maps.v, ids, hk, n_block * Tr::kBlockN, p.page_size, sm.v_full(s), t);
+      tma_kv_tile<Tr, Is_paged>(sm.v(s), maps.v, ids, hk, row, n_block, p.page_size, sm.v_full(s), t);
     } else {
-      producer_copy<Tr, true>(sm.v(s), v_head, p, si, ids, n_block, t);
+      producer_copy<Tr, Is_paged>(sm.v(s), v_head, p, si, ids, n_block, t);
       cp_async_commit();
       producer_signal<0>(sm.v_full(s));
     }
@@ -658,11 +642,11 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
       }
       if constexpr (Is_paged) {
         if (paged_tma_ok<Tr>(p))
-          producer_paged_tma<Tr>(p, w, sm, maps, it, tidx);
+          producer_tma<Tr, true>(p, w, sm, maps, it, tidx);
         else
           producer_paged_gather<Tr>(p, w, sm, maps, it, tidx);
       } else {
-        producer_dense<Tr>(p, w, sm, maps, it, tidx);
+        producer_tma<Tr, false>(p, w, sm, maps, it, tidx);
       }
     }
   } else {
