@@ -15,8 +15,8 @@ CUDA-graph replay, is for decode rows only), ours beside torch's, all after warm
   -- on an idle GPU, so host work and kernels are both inside; median of CALL_ROUNDS.
 * back to back (`us_b2b`): wall time per call of many calls, one synchronisation at the end.
 * kernel only (`us_kernel`, `tflops_kernel`): ours through the launcher below the public API
-  (no validation, no call cache), events around 3 back-to-back calls; torch's SDPA call the
-  same way (its host work overlaps its kernels).
+  (no validation; the launch plan made once, then replayed), events around 3 back-to-back
+  calls; torch's SDPA call the same way (its host work overlaps its kernels).
 Ratios (`ratio_flash`, `ratio_cudnn`) are throughput ratios of the one-call times, ours /
 theirs (above 1 = ours faster); `ratio_kernel_*` the same for kernel-only times.  Every layout
 and provider of a case takes a turn in each round of each measurement (interleaved rounds), so
@@ -120,6 +120,17 @@ def _forced(arch, fn):
             force_prefill_arch(None)
 
     return run
+
+
+def _kernel_only(problem, arch=None):
+    """Ours below the public API: the launch plan made once (as the call cache would), then
+    replayed -- the kernel's launches and the plan's per-call pointer binding, no validation.
+    (Until 2026-12-04 this built a plan per call, which put the plan's host work, e.g. the
+    causal sm90 CTA-count search, into the kernel-only times.)"""
+    from cupy_flashattn import _cuda
+
+    plan = _forced(arch, lambda: _cuda.plan_attention(problem))() if arch else _cuda.plan_attention(problem)
+    return lambda: _cuda.run_attention(problem, plan)
 
 
 def prefill_modes() -> tuple:
@@ -303,8 +314,6 @@ def run_case(case, modes, providers=("flash", "cudnn"), check=True, measures=("k
     measure.one_call) and "b2b" (back to back, measure.back_to_back; res also gets
     "b2b_calls").  Torch's callable is its public SDPA call in every measure.  Within a
     measure, every layout and provider takes a turn in each round (time_interleaved)."""
-    from cupy_flashattn._cuda import launch as _cuda  # the prefill kernel itself
-
     ref = None
     if check and case.torch is not None:
         try:
@@ -312,9 +321,7 @@ def run_case(case, modes, providers=("flash", "cudnn"), check=True, measures=("k
         except Exception as e:  # pragma: no cover
             print(f"# torch flash failed: {e}", file=sys.stderr)
     probs = {mode: case.problem(mode) for mode in modes}
-    kernel_fns = {mode: (lambda prob=prob: _cuda.run_attention(prob)) for mode, (prob, _) in probs.items()}
-    for mode in set(ARCH_MODES) & set(kernel_fns):
-        kernel_fns[mode] = _forced(ARCH_MODES[mode], kernel_fns[mode])
+    kernel_fns = {mode: _kernel_only(prob, ARCH_MODES.get(mode)) for mode, (prob, _) in probs.items()}
     user_facing = "call" in measures or "b2b" in measures
     call_fns = {mode: case.user_call(mode) for mode in modes} if user_facing else {}
     peers = torch_peers(case, providers)
