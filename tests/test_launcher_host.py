@@ -72,3 +72,25 @@ def test_tma_launch_writes_the_maps_of_each_calls_arrays(recorder):
     launcher.TmaLaunch(_Kernel(), (1,), (384,), 0, SM90_ARGS, template, None)(
         {"q": _Arr(1), "k": _Arr(2), "v": _Arr(3)})
     assert encoded == [] and len(recorder) == 2  # paged kernels that gather: no maps
+
+
+def test_tma_launch_encodes_only_the_maps_whose_array_moved(recorder):
+    """A paged pool or a K/V cache keeps its address from call to call: its map's bytes stay in
+    the thread's struct and the driver is not asked again; a new q is re-encoded."""
+    encoded = []
+
+    class Geo:
+        def encode(self, out, addr):
+            encoded.append((out, addr))
+
+    template = SM90_ARGS.new(_values(SM90_ARGS))
+    run = launcher.TmaLaunch(_Kernel(), (1,), (384,), 0, SM90_ARGS, template, (Geo(), Geo(), None))
+    run({"q": _Arr(0x10), "k": _Arr(0x20), "v": _Arr(0x30)})
+    base = run._buffers()[0].ctypes.data
+    assert encoded == [(base, 0x10), (base + 128, 0x20)]  # v: a map the kernel does not read
+    encoded.clear()
+    run({"q": _Arr(0x10), "k": _Arr(0x20), "v": _Arr(0x30)})
+    assert encoded == []  # nothing moved
+    run({"q": _Arr(0x40), "k": _Arr(0x20), "v": _Arr(0x50)})
+    assert encoded == [(base, 0x40)]  # only q moved (v has no map)
+    assert len(recorder) == 3

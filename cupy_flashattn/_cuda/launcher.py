@@ -86,19 +86,31 @@ class Launch:
 
 class TmaLaunch(Launch):
     """A :class:`Launch` of an sm90 kernel whose struct (``tma.TmaArgPack``) also carries the
-    TMA maps of q, k, v: they hold the arrays' addresses, so each call re-encodes them
-    (``geometries``: the plan's ``tma.TmaGeometry`` triple; None for kernels without TMA)."""
+    TMA maps of q, k, v (``geometries``: the plan's ``tma.TmaGeometry`` triple, None entries
+    for maps the kernel does not read; None for no maps).  A map holds its array's address, so
+    a call re-encodes the maps whose array moved since this thread's previous launch; one whose
+    address is the same (a paged pool, a K/V cache, a reused buffer) keeps the bytes already in
+    this thread's struct (the geometry is the plan's, fixed), saving a driver call per map."""
 
     def __init__(self, kernel, grid, block, smem: int, pack, template: np.ndarray, geometries):
         super().__init__(kernel, grid, block, smem, pack, template)
         self.geometries = geometries
 
     def _bind(self, words: np.ndarray, pointers: dict) -> None:
-        """Pointer fields, then the maps of this call's q, k, v."""
+        """Pointer fields, then the maps of this call's q, k, v that changed address."""
         self.pack.write_pointers(words, pointers)
-        if self.geometries is not None:
-            self.pack.write_maps(words, self.geometries,
-                                 [pointers[n].data.ptr for n in ("q", "k", "v")])
+        if self.geometries is None:
+            return
+        encoded = getattr(self._local, "map_addresses", None)  # per thread, like `words`
+        if encoded is None:
+            encoded = self._local.map_addresses = [None] * len(self.geometries)
+        for i, (geo, name) in enumerate(zip(self.geometries, ("q", "k", "v"))):
+            if geo is None:
+                continue
+            address = pointers[name].data.ptr
+            if encoded[i] != address:
+                self.pack.write_map(words, i, geo, address)
+                encoded[i] = address
 
 
 def launch_packed(kernel, grid, block, packed: np.ndarray, smem: int = 0) -> None:

@@ -125,13 +125,17 @@ class TmaArgPack:
             words[pw[name]] = 0 if value is None else value.data.ptr
 
     @staticmethod
-    def write_maps(words: np.ndarray, geometries, addresses) -> None:
+    def write_map(words: np.ndarray, i: int, geometry, address: int) -> None:
+        """Encode map i (0 q, 1 k, 2 v) of the array at ``address`` into ``words``."""
+        geometry.encode(words.ctypes.data + i * MAP_BYTES, address)
+
+    @classmethod
+    def write_maps(cls, words: np.ndarray, geometries, addresses) -> None:
         """Encode map i (q, k, v) of ``addresses[i]`` with ``geometries[i]`` into ``words``
         (a None geometry: a map the kernel does not read, left zero)."""
-        base = words.ctypes.data
         for i, (geo, addr) in enumerate(zip(geometries, addresses)):
             if geo is not None:
-                geo.encode(base + i * MAP_BYTES, addr)
+                cls.write_map(words, i, geo, addr)
 
 
 def paged_tma_enabled() -> bool:
