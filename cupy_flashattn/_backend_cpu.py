@@ -417,7 +417,8 @@ def paged_operands(k_pages, v_pages, block_table, len_k, page_block_size: int, d
 def run_attention(problem: AttentionProblem) -> None:
     """Fill ``problem.out`` and ``problem.softmax_lse`` in place (see the module docstring).
 
-    ``problem`` holds NumPy arrays; q, k, v are float16, bfloat16, float32 or float64.  Rows of
+    ``problem`` holds NumPy arrays; q, k, v are float16, bfloat16, float32 or float64 (k and v
+    may be float8 with ``k_scale`` / ``v_scale``, dequantized as they are read).  Rows of
     ``out`` / ``softmax_lse`` not covered by any sequence are set to 0 / +inf.  Zero-size
     problems are legal: no query row returns at once; k/v of no row (or a pool of no page) give
     every row 0 / +inf.
@@ -472,6 +473,11 @@ def run_attention(problem: AttentionProblem) -> None:
         v = _kernel_array(p.v, compute_dtype)
         num_pages, page_block_size = 0, 1
         block_table = np.zeros((1, 1), dtype=np.int32)  # unused placeholder, same signature
+    if p.k_scale is not None:
+        # float8 K/V (fp8.py): the conversion above made new compute_dtype arrays of the rows
+        # this call reads; scale them per kv head in place (float(x8) * scale[h]).
+        k *= np.asarray(p.k_scale, dtype=compute_dtype)[None, :, None]
+        v *= np.asarray(p.v_scale, dtype=compute_dtype)[None, :, None]
 
     has_alibi = p.alibi_slopes is not None
     if has_alibi:

@@ -242,6 +242,8 @@ class KVCacheCall(_Call):
                 interleaved=self.rotary_interleaved, q_per_token=self.q_per_token,
                 cache_batch_idx=cache_batch_idx, block_table=block_table if self.paged else None,
                 plans=self.rope_plans,
+                fp8_scales=(self.fields["k_scale"], self.fields["v_scale"])
+                if "k_scale" in self.fields else None,
             )
         lse = self._lse_buffer(self.q_rows[0], self.return_lse)
         result = self._run_token_rows(

@@ -35,6 +35,7 @@ import os
 
 import numpy as np
 
+from . import fp8 as fp8_mod
 from . import validate
 from ._arrays import adopt
 from .errors import ArgumentError, SeqlenError, UnsupportedError, explain
@@ -100,19 +101,31 @@ def _full_check(xp, check) -> bool:
     return _default_check() if check is None else bool(check)
 
 
-def _common_checks(q, k, v, dropout_p, softmax_scale, window_size, softcap):
-    """Checks shared by all entry points; returns (xp, q, k, v) with foreign GPU arrays adopted."""
+def _common_checks(q, k, v, dropout_p, softmax_scale, window_size, softcap, k_scale=None,
+                   v_scale=None, kv_names=("k", "v")):
+    """Checks shared by all entry points; returns (xp, q, k, v, fp8) with foreign GPU arrays
+    adopted; ``fp8``: k and v are a float8 cache (fp8.py), read with ``k_scale`` / ``v_scale``."""
     q, k, v = adopt(q), adopt(k), adopt(v)
     xp = validate.same_library(q=q, k=k, v=v)
     validate.dtype_supported("q", q, xp)
-    validate.same_dtype("q", q, k=k, v=v)
+    fp8 = validate.kv_dtypes(q, k, v, xp, *kv_names, k_scale=k_scale, v_scale=v_scale)
     for name, a in (("q", q), ("k", k), ("v", v)):
         validate.last_dim_contiguous(name, a)
     validate.dropout(dropout_p)
     validate.softmax_scale(softmax_scale)
     validate.window_size(window_size)
     validate.softcap(softcap)
-    return xp, q, k, v
+    return xp, q, k, v, fp8
+
+
+def _kv_scales(fp8: bool, k_scale, v_scale, num_heads_k: int) -> dict:
+    """The AttentionProblem fields of a float8 cache's scales (float32 (Hk,) each; none for
+    16/32/64-bit K/V).  Only NumPy calls get here with FP8, and those are never cached, so the
+    values are read afresh on every call."""
+    if not fp8:
+        return {}
+    return dict(k_scale=fp8_mod.scale_array("k_scale", k_scale, num_heads_k),
+                v_scale=fp8_mod.scale_array("v_scale", v_scale, num_heads_k))
 
 
 def _mask(causal, window_size):
@@ -174,6 +187,8 @@ def flash_attn_func(
     check=None,
     sinks=None,
     mm_prefix_ranges=None,
+    k_scale=None,
+    v_scale=None,
 ):
     """Attention over a dense batch.
 
@@ -197,6 +212,10 @@ def flash_attn_func(
             range, later ones too (bidirectional image tokens inside a causal prompt); all
             else keeps the causal / window mask.  CPU backend for now (CuPy arrays get an
             UnsupportedError).
+        k_scale, v_scale: with float8 k / v (``ml_dtypes.float8_e4m3fn`` / ``float8_e5m2``,
+            vLLM's FP8 KV cache): the dequantization scales, keys ``float(k) * k_scale`` -- a
+            float or float32 ``(Hk,)`` per kv head, default 1.0.  CPU backend for now (see
+            :mod:`cupy_flashattn.fp8`).
         deterministic: accepted for compatibility (the forward pass is deterministic).
         return_attn_probs: returns ``(out, softmax_lse, None)`` like flash-attn (no probs).
         return_softmax_lse: returns ``(out, softmax_lse)``; LSE is ``(B, H, Sq)`` float32.
@@ -216,7 +235,7 @@ def flash_attn_func(
     """
     key = signature((q, k, v, alibi_slopes, sinks, mm_prefix_ranges, out),
                     (dropout_p, softmax_scale, causal, window_size, softcap, return_attn_probs,
-                     return_softmax_lse, check, _default_check()))
+                     return_softmax_lse, check, _default_check(), k_scale, v_scale))
     call = CALLS.get(key) if key is not None else None
     if call is None:
         q, k, v, alibi_slopes, sinks, mm_prefix_ranges, out = (adopt(a) for a in (q, k, v,
@@ -224,7 +243,7 @@ def flash_attn_func(
                                                                mm_prefix_ranges, out))
         call = _prepare_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                               alibi_slopes, sinks, mm_prefix_ranges, return_attn_probs,
-                              return_softmax_lse, out)
+                              return_softmax_lse, out, k_scale, v_scale)
         if key is not None:
             CALLS.put(key, call)
     return call.execute(q, k, v, alibi_slopes, sinks, mm_prefix_ranges, out)
@@ -232,9 +251,11 @@ def flash_attn_func(
 
 def _prepare_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                    sinks, mm_prefix_ranges,
-                   return_attn_probs, return_softmax_lse, out) -> DenseCall:
+                   return_attn_probs, return_softmax_lse, out, k_scale=None,
+                   v_scale=None) -> DenseCall:
     """Every check of flash_attn_func (none needs a device sync), lowered to a DenseCall."""
-    xp, q, k, v = _common_checks(q, k, v, dropout_p, softmax_scale, window_size, softcap)
+    xp, q, k, v, fp8 = _common_checks(q, k, v, dropout_p, softmax_scale, window_size, softcap,
+                                      k_scale, v_scale)
     validate.rank("q", q, 4, "dense (batch, seqlen_q, nheads, headdim)")
     validate.rank("k", k, 4, "dense (batch, seqlen_k, nheads_k, headdim)")
     validate.rank("v", v, 4, "dense (batch, seqlen_k, nheads_k, headdim)")
@@ -249,7 +270,7 @@ def _prepare_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softc
     fields = dict(
         batch_size=B, seqlen_q=Sq, seqlen_k=Sk, max_seqlen_q=Sq, max_seqlen_k=Sk,
         **_logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, sinks,
-        mm_prefix_ranges, B, H),
+        mm_prefix_ranges, B, H), **_kv_scales(fp8, k_scale, v_scale, Hk),
     )
     return DenseCall(xp, fields, H, D, return_softmax_lse, return_attn_probs, tuple(q.shape),
                      tuple(k.shape))
@@ -304,6 +325,8 @@ def flash_attn_varlen_func(
     check=None,
     sinks=None,
     mm_prefix_ranges=None,
+    k_scale=None,
+    v_scale=None,
 ):
     """Attention over a batch of sequences of different lengths, packed without padding.
 
@@ -323,6 +346,8 @@ def flash_attn_varlen_func(
         seqused_k: int32 ``(B,)``: use only the first ``seqused_k[b]`` keys of sequence b.
         seq_ids: with a PagedKVCache as ``k``: which of its sequences, in batch order.
         alibi_slopes: float32 ``(H,)`` or ``(B, H)``.  out: optional ``(total_q, H, D)`` buffer.
+        k_scale, v_scale: a float8 k / v's scales (:func:`flash_attn_func`); a float8
+            PagedKVCache supplies its own.
         Other arguments as :func:`flash_attn_func`; the LSE is ``(H, total_q)``.
         max_seqlen_k is a hint (it may be None with a PagedKVCache); max_seqlen_q sizes the grid
         and must bound every query length (checked on NumPy and with ``check=True``).
@@ -346,12 +371,13 @@ def flash_attn_varlen_func(
             mm_prefix_ranges=mm_prefix_ranges,
             deterministic=deterministic, return_attn_probs=return_attn_probs,
             return_softmax_lse=return_softmax_lse, out=out, check=check,
+            k_scale=k_scale, v_scale=v_scale,
         )
     key = signature((q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
                     sinks, mm_prefix_ranges, out),
                     (max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
                      softcap, return_attn_probs, page_block_size, return_softmax_lse, check,
-                     _default_check()))
+                     _default_check(), k_scale, v_scale))
     call = CALLS.get(key) if key is not None else None
     if call is None:
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, sinks, mm_prefix_ranges, out = (
@@ -361,7 +387,8 @@ def flash_attn_varlen_func(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
             softmax_scale, causal, window_size, softcap, alibi_slopes, sinks, mm_prefix_ranges,
             return_attn_probs,
-            block_table, page_block_size, seqused_k, return_softmax_lse, out, check)
+            block_table, page_block_size, seqused_k, return_softmax_lse, out, check,
+            k_scale, v_scale)
         if key is not None:
             CALLS.put(key, call)
     return call.execute(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
@@ -372,10 +399,11 @@ def _prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
                     softmax_scale, causal, window_size, softcap, alibi_slopes, sinks,
                     mm_prefix_ranges, return_attn_probs,
                     block_table, page_block_size, seqused_k, return_softmax_lse, out,
-                    check) -> VarlenCall:
+                    check, k_scale=None, v_scale=None) -> VarlenCall:
     """Every check of flash_attn_varlen_func (value checks only with ``check``/on NumPy),
     lowered to a VarlenCall."""
-    xp, q, k, v = _common_checks(q, k, v, dropout_p, softmax_scale, window_size, softcap)
+    xp, q, k, v, fp8 = _common_checks(q, k, v, dropout_p, softmax_scale, window_size, softcap,
+                                      k_scale, v_scale)
     full = _full_check(xp, check)
     validate.rank("q", q, 3, "varlen (total_q, nheads, headdim)")
     paged = block_table is not None
@@ -415,7 +443,7 @@ def _prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
         batch_size=B, seqlen_q=0, seqlen_k=0, max_seqlen_q=int(max_seqlen_q),
         max_seqlen_k=int(max_seqlen_k), page_block_size=P,
         **_logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, sinks,
-        mm_prefix_ranges, B, H),
+        mm_prefix_ranges, B, H), **_kv_scales(fp8, k_scale, v_scale, Hk),
     )
     key_rows = int(k.shape[0]) * (P if paged else 1)
     return VarlenCall(xp, fields, H, D, return_softmax_lse, return_attn_probs,
@@ -439,7 +467,8 @@ def _varlen_from_cache(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     block table all come from the cache, so none of them can disagree with it."""
     cache = k
     _refuse_what_the_cache_supplies("k", v=v, cu_seqlens_k=cu_seqlens_k, block_table=block_table,
-                                    seqused_k=seqused_k)
+                                    seqused_k=seqused_k, k_scale=rest.pop("k_scale", None),
+                                    v_scale=rest.pop("v_scale", None))
     validate.page_block_size(page_block_size, cache.k_pages)
     seqs = cache._sequences(list(cache.seq_ids) if seq_ids is None else list(seq_ids))
     # One upload of the table and cu_seqlens_k (summed on the host; [0] for no sequence).
@@ -447,7 +476,8 @@ def _varlen_from_cache(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     capacity = int(table.shape[1]) * cache.page_block_size
     return flash_attn_varlen_func(
         q, cache.k_pages, cache.v_pages, cu_seqlens_q, cu_k, max_seqlen_q,
-        capacity if max_seqlen_k is None else max_seqlen_k, block_table=table, **rest,
+        capacity if max_seqlen_k is None else max_seqlen_k, block_table=table,
+        k_scale=cache.k_scale, v_scale=cache.v_scale, **rest,
     )
 
 
@@ -482,6 +512,8 @@ def flash_attn_with_kvcache(
     check=None,
     sinks=None,
     mm_prefix_ranges=None,
+    k_scale=None,
+    v_scale=None,
 ):
     """Attention of a few new query tokens per sequence against a KV cache, appending the new
     keys/values into the cache in place first (flash-attn's decode entry point).
@@ -508,6 +540,9 @@ def flash_attn_with_kvcache(
         Other arguments as :func:`flash_attn_func`; the LSE is ``(B, H, Sq)``.
 
         seq_ids: with a PagedKVCache as ``k_cache``: which of its sequences, in batch order.
+        k_scale, v_scale: a float8 cache's scales (:func:`flash_attn_func`); the new k / v (in
+            q's dtype) are appended as ``fp8(clip(k / k_scale))``, saturating at the format's
+            largest value.  A float8 PagedKVCache supplies its own.
 
     The keys of sequence b are cache positions ``[cache_leftpad[b], cache_seqlens[b] + S_new)``;
     the Sq queries are the last Sq of them for the mask (usually Sq == S_new: each new token
@@ -530,14 +565,14 @@ def flash_attn_with_kvcache(
             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
             rotary_interleaved, alibi_slopes, sinks, mm_prefix_ranges, num_splits,
             return_softmax_lse, page_block_size,
-            seq_ids, out, check,
+            seq_ids, out, check, k_scale, v_scale,
         )
     return _with_kvcache_arrays(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
         rotary_interleaved, alibi_slopes, sinks, mm_prefix_ranges, num_splits,
         return_softmax_lse, page_block_size, out,
-        check)
+        check, k_scale=k_scale, v_scale=v_scale)
 
 
 def _with_kvcache_arrays(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
@@ -545,7 +580,8 @@ def _with_kvcache_arrays(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cach
                          window_size, softcap, rotary_interleaved, alibi_slopes, sinks,
                          mm_prefix_ranges, num_splits,
                          return_softmax_lse, page_block_size, out, check,
-                         cache_names=("k_cache", "v_cache"), rotary_covers_capacity=True):
+                         cache_names=("k_cache", "v_cache"), rotary_covers_capacity=True,
+                         k_scale=None, v_scale=None):
     """flash_attn_with_kvcache on arrays: the call cache, else full validation first.
     ``cache_names``: how errors name the caches (a PagedKVCache's pools).
     ``rotary_covers_capacity``: see _prepare_kvcache."""
@@ -556,7 +592,8 @@ def _with_kvcache_arrays(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cach
         (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lens_array, cache_batch_idx,
          cache_leftpad, block_table, alibi_slopes, sinks, mm_prefix_ranges, out),
         (lens_int, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits,
-         return_softmax_lse, page_block_size, check, _default_check(), rotary_covers_capacity),
+         return_softmax_lse, page_block_size, check, _default_check(), rotary_covers_capacity,
+         k_scale, v_scale),
     )
     call = CALLS.get(key) if key is not None else None
     if call is None:
@@ -572,6 +609,7 @@ def _with_kvcache_arrays(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cach
             alibi_slopes, sinks, mm_prefix_ranges, num_splits, return_softmax_lse,
             page_block_size, out, check,
             cache_names=cache_names, rotary_covers_capacity=rotary_covers_capacity,
+            k_scale=k_scale, v_scale=v_scale,
         )
         if key is not None:
             CALLS.put(key, call)
@@ -586,7 +624,7 @@ def _prepare_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
                      mm_prefix_ranges, num_splits,
                      return_softmax_lse, page_block_size, out, check,
                      cache_names=("k_cache", "v_cache"),
-                     rotary_covers_capacity=True) -> KVCacheCall:
+                     rotary_covers_capacity=True, k_scale=None, v_scale=None) -> KVCacheCall:
     """Every check of flash_attn_with_kvcache -- the new k/v, rotary tables, ALiBi slopes and
     ``out`` included -- BEFORE anything is appended: a call that raises leaves the cache as it
     was.  Lowered to a KVCacheCall, whose execute() appends and attends.
@@ -595,8 +633,9 @@ def _prepare_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
     cache (flash-attn's rule, "cos/sin seqlen must be at least the seqlen of KV cache"): a
     shape check, so it holds on the GPU without reading cache_seqlens.  A PagedKVCache passes
     False and checks its host-side lengths instead -- its capacity is a private bucket."""
-    xp, q, k_cache, v_cache = _common_checks(q, k_cache, v_cache, 0.0, softmax_scale, window_size,
-                                             softcap)
+    xp, q, k_cache, v_cache, fp8 = _common_checks(q, k_cache, v_cache, 0.0, softmax_scale,
+                                                  window_size, softcap, k_scale, v_scale,
+                                                  kv_names=cache_names)
     validate.num_splits(num_splits)
     full = _full_check(xp, check)
     validate.rank("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
@@ -682,6 +721,7 @@ def _prepare_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
     fields = dict(
         batch_size=B, seqlen_q=Sq, seqlen_k=capacity, max_seqlen_q=Sq, max_seqlen_k=capacity,
         page_block_size=P, seqused_k_add=S_new, num_splits=int(num_splits), **logits,
+        **_kv_scales(fp8, k_scale, v_scale, Hk),
     )
     return KVCacheCall(
         xp, fields, H, D, return_softmax_lse, q_shape=tuple(q.shape),
@@ -711,7 +751,8 @@ def _kvcache_from_cache(cache, q, v_cache, k, v, rotary_cos, rotary_sin, cache_s
                         cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
                         window_size, softcap, rotary_interleaved, alibi_slopes, sinks,
                         mm_prefix_ranges, num_splits,
-                        return_softmax_lse, page_block_size, seq_ids, out, check):
+                        return_softmax_lse, page_block_size, seq_ids, out, check,
+                        k_scale=None, v_scale=None):
     """flash_attn_with_kvcache on a PagedKVCache: reserve pages for the new tokens
     (CacheExhaustedError before anything changes), then run the ordinary paged call -- fully
     validated before it writes, and served from the call cache when repeated -- over one upload
@@ -719,7 +760,8 @@ def _kvcache_from_cache(cache, q, v_cache, k, v, rotary_cos, rotary_sin, cache_s
     the lengths do not move: a call that raises leaves the cache exactly as it was."""
     _refuse_what_the_cache_supplies("k_cache", v_cache=v_cache, cache_seqlens=cache_seqlens,
                                     block_table=block_table, cache_batch_idx=cache_batch_idx,
-                                    cache_leftpad=cache_leftpad)
+                                    cache_leftpad=cache_leftpad, k_scale=k_scale,
+                                    v_scale=v_scale)
     validate.page_block_size(page_block_size, cache.k_pages)
     seq_ids = list(cache.seq_ids) if seq_ids is None else list(seq_ids)
     q, k, v, rotary_cos, rotary_sin, alibi_slopes, sinks, mm_prefix_ranges, out = (
@@ -752,4 +794,5 @@ def _kvcache_from_cache(cache, q, v_cache, k, v, rotary_cos, rotary_sin, cache_s
             table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes,
             sinks, mm_prefix_ranges,
             num_splits, return_softmax_lse, None, out, check,
-            cache_names=("cache.k_pages", "cache.v_pages"), rotary_covers_capacity=False)
+            cache_names=("cache.k_pages", "cache.v_pages"), rotary_covers_capacity=False,
+            k_scale=cache.k_scale, v_scale=cache.v_scale)

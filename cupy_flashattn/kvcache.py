@@ -26,12 +26,15 @@ from .errors import (
     UnsupportedError,
     explain,
 )
+from .fp8 import FP8_DTYPES, FP8_NAMES, is_fp8, quantize, refuse_scales, scale_array
 from .validate import MAX_HEAD_DIM, gpu_head_dim, writable
 
 __all__ = ["PagedKVCache", "DecodeSteps"]
 
-#: dtypes a cache can hold (float64 only makes sense with the NumPy/CPU backend).
-_DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32), np.dtype(np.float64))
+#: dtypes a cache can hold (float64 only makes sense with the NumPy/CPU backend; the float8
+#: formats are FP8 caches with scales, fp8.py, on the CPU backend so far).
+_DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32), np.dtype(np.float64),
+           *FP8_DTYPES)
 
 
 @dataclass
@@ -90,15 +93,17 @@ def _cache_dtype(dtype) -> np.dtype:
     # The string "bfloat16" only resolves through ml_dtypes, so map it explicitly.  None is
     # refused before np.dtype, which would read it as float64 (and np.dtype(x) == None is True
     # for float64, so a `None in _DTYPES` test cannot be trusted either).
+    names = {"bfloat16": BFLOAT16, **FP8_NAMES}
     try:
-        dt = BFLOAT16 if isinstance(dtype, str) and dtype == "bfloat16" else np.dtype(dtype)
+        dt = names[dtype] if isinstance(dtype, str) and dtype in names else np.dtype(dtype)
     except TypeError:
         dt = None
     if dtype is None or dt is None or dt not in _DTYPES:
         raise explain(
             DTypeError, "dtype", "unsupported cache dtype",
-            "one of float16, bfloat16 (ml_dtypes.bfloat16), float32, float64", repr(dtype),
-            "pass dtype=numpy.float16, ml_dtypes.bfloat16, numpy.float32 or numpy.float64",
+            "one of float16, bfloat16 (ml_dtypes.bfloat16), float32, float64, float8_e4m3fn / "
+            "float8_e5m2 ('fp8', 'fp8_e5m2')", repr(dtype),
+            "pass dtype=numpy.float16, ml_dtypes.bfloat16, numpy.float32, numpy.float64 or 'fp8'",
         )
     return dt
 
@@ -140,7 +145,15 @@ class PagedKVCache:
             vLLM 8/16/32).
         num_heads_k: key/value heads, Hk.
         head_dim: head dimension, D (1 .. 256, the kernels' range).
-        dtype: float16, bfloat16 (``ml_dtypes.bfloat16`` or ``"bfloat16"``), float32 or float64.
+        dtype: float16, bfloat16 (``ml_dtypes.bfloat16`` or ``"bfloat16"``), float32, float64,
+            or an FP8 cache: ``ml_dtypes.float8_e4m3fn`` (``"fp8"``, ``"fp8_e4m3"``) or
+            ``float8_e5m2`` (``"fp8_e5m2"``), vLLM's ``kv_cache_dtype`` -- NumPy pools only so
+            far (the CUDA kernels do not read FP8 yet).
+        k_scale, v_scale: an FP8 cache's scales, a float or float32 ``(Hk,)`` per kv head
+            (default 1.0): :meth:`append` stores ``fp8(clip(k / k_scale))`` (saturating at the
+            format's largest value) and attention through the cache reads
+            ``float(k8) * k_scale`` -- the cache hands its scales to every call, so they
+            cannot disagree.  Only for FP8 dtypes.
         max_blocks_per_seq: pages one sequence may own, i.e. the width of :meth:`block_table`;
             defaults to ``num_blocks``.
         xp: ``numpy`` (default) or ``cupy``; the pools are allocated, zero-filled, with it (on the
@@ -160,6 +173,8 @@ class PagedKVCache:
         *,
         max_blocks_per_seq=None,
         xp=None,
+        k_scale=None,
+        v_scale=None,
     ):
         self._num_blocks = _positive_int("num_blocks", num_blocks)
         self._page_block_size = _positive_int("page_block_size", page_block_size)
@@ -172,6 +187,21 @@ class PagedKVCache:
         )
         self._dtype = _cache_dtype(dtype)
         self._xp = _array_library(xp)
+        self._k_scale = self._v_scale = None
+        if is_fp8(self._dtype):
+            if self._xp is not np:
+                raise explain(
+                    UnsupportedError, "dtype", "FP8 caches run on the CPU backend only so far "
+                    "(the CUDA kernels do not read FP8 yet)", "a float8 cache with xp=numpy",
+                    f"{dtype_name(self._dtype)} with xp=cupy",
+                    "keep a GPU cache in bfloat16, or make the FP8 cache with xp=numpy",
+                )
+            self._k_scale = scale_array("k_scale", k_scale, int(num_heads_k))
+            self._v_scale = scale_array("v_scale", v_scale, int(num_heads_k))
+        else:
+            refuse_scales(k_scale, v_scale, "scales belong to FP8 caches only",
+                          f"None with dtype {dtype_name(self._dtype)}",
+                          "drop {name}, or make the cache with dtype='fp8'")
         # Refused here rather than at the first attention call, after the pools were filled.
         gpu_head_dim(head_dim, self._xp is not np, "head_dim")
         shape = (self._num_blocks, self._page_block_size, num_heads_k, head_dim)
@@ -190,6 +220,10 @@ class PagedKVCache:
     num_heads_k = property(lambda self: int(self.k_pages.shape[2]), doc="KV heads (int).")
     head_dim = property(lambda self: int(self.k_pages.shape[3]), doc="Head dimension (int).")
     dtype = property(lambda self: self._dtype, doc="Element type of the pools (numpy dtype).")
+    k_scale = property(lambda self: self._k_scale,
+                       doc="FP8 caches: the keys' float32 (Hk,) scales (None otherwise).")
+    v_scale = property(lambda self: self._v_scale,
+                       doc="FP8 caches: the values' float32 (Hk,) scales (None otherwise).")
     max_blocks_per_seq = property(lambda self: self._max_blocks_per_seq,
                                   doc="Pages one sequence may hold (int).")
     num_free_blocks = property(lambda self: len(self._free),
@@ -425,7 +459,15 @@ class PagedKVCache:
                 DeviceError, name, "is on another GPU than the cache", f"device {device}",
                 f"device {a.device.id}", f"copy it under `with cupy.cuda.Device({device}):`",
             )
-        if np.dtype(a.dtype) != self._dtype:
+        if is_fp8(self._dtype):  # new tokens in a float dtype, quantized by _scatter
+            if np.dtype(a.dtype) not in _DTYPES[:4] + (self._dtype,):
+                raise explain(
+                    DTypeError, name, "an FP8 cache takes new tokens as floats (quantized on "
+                    "append) or already in its float8 format",
+                    f"float16, bfloat16, float32, float64 or {dtype_name(self._dtype)}",
+                    dtype_name(a.dtype), f"cast with {name}.astype(numpy.float32)",
+                )
+        elif np.dtype(a.dtype) != self._dtype:
             raise explain(
                 DTypeError, name, "must have the cache's dtype", dtype_name(self._dtype),
                 dtype_name(a.dtype), f"cast with {name}.astype(cache.dtype)",
@@ -490,6 +532,11 @@ class PagedKVCache:
         # Dense (B, S_new, Hk, D) rows are already in (b, i) order: flatten to (total, Hk, D).
         k_rows = k_new.reshape(total, *k_new.shape[-2:])
         v_rows = v_new.reshape(total, *v_new.shape[-2:])
+        if is_fp8(self._dtype):
+            if np.dtype(k_rows.dtype) != self._dtype:
+                k_rows = quantize(k_rows, self._k_scale, self._dtype)
+            if np.dtype(v_rows.dtype) != self._dtype:
+                v_rows = quantize(v_rows, self._v_scale, self._dtype)
         pages, slots = self._xp.asarray(pages), self._xp.asarray(slots)
         self.k_pages[pages, slots] = k_rows
         self.v_pages[pages, slots] = v_rows

@@ -90,6 +90,10 @@ class AttentionProblem:
     # sequence, sorted and disjoint (unused: start >= end); a query whose diagonal i + shift lies
     # in a range also sees every key of it (bidirectional image tokens in a causal prompt).
     mm_prefix_ranges: Optional[Any] = None
+    # float32 (Hk,) NumPy: dequantization scales of float8 k / v (fp8.py; None otherwise):
+    # the keys are float(k) * k_scale[h], the values float(v) * v_scale[h].
+    k_scale: Optional[Any] = None
+    v_scale: Optional[Any] = None
 
     # -- scheduling hints --------------------------------------------------------------------
     num_splits: int = 0  # split-KV factor for decode (0 = the backend chooses)

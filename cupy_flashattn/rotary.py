@@ -258,14 +258,16 @@ def _kernel_append(xp, k_cache, v_cache, k_new, v_new, seqlens, mode, *, batch_i
 
 def rotate_and_append(q, k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=None, sin=None,
                       interleaved=False, q_per_token=True, cache_batch_idx=None, block_table=None,
-                      plans=None):
+                      plans=None, fp8_scales=None):
     """flash_attn_with_kvcache's pre-attention step on CuPy in two kernel launches, no host sync:
     rotate q (positions ``cache_seqlens[b] + i`` when ``q_per_token``, else ``cache_seqlens[b]``)
     and, in one pass, rotate the new k at ``cache_seqlens[b] + i`` while writing it and v into the
     contiguous (``cache_batch_idx``) or paged (``block_table``) cache.  Returns the rotated q (q
     itself without tables).  Same values, bit for bit, as apply_rotary + append_kv_*; falls back
     to them where the kernel does not apply.  ``plans``: a dict in which a caller of fixed
-    signature keeps the kernels' launch plans between calls (``_calls.KVCacheCall``)."""
+    signature keeps the kernels' launch plans between calls (``_calls.KVCacheCall``).
+    ``fp8_scales``: (k_scale, v_scale) of a float8 cache (NumPy only): the rotated new k and v
+    are quantized into it (fp8.quantize, saturating)."""
     xp = array_module(q)
     paged = block_table is not None
     fused = (
@@ -280,6 +282,11 @@ def rotate_and_append(q, k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=N
             q_pos = base + xp.arange(int(q.shape[1]), dtype=np.int32)[None, :] if q_per_token else \
                 xp.broadcast_to(base, tuple(q.shape[:2]))
             q, k_new = apply_rotary(q, cos, sin, q_pos, interleaved), apply_rotary(k_new, cos, sin, k_pos, interleaved)
+        if fp8_scales is not None:
+            from .fp8 import quantize
+
+            k_new = quantize(k_new, fp8_scales[0], k_cache.dtype)
+            v_new = quantize(v_new, fp8_scales[1], v_cache.dtype)
         if paged:
             append_kv_paged(k_cache, v_cache, block_table, k_new, v_new, cache_seqlens)
         else:

@@ -165,6 +165,35 @@ def same_dtype(reference_name: str, reference, **arrays):
             )
 
 
+def kv_dtypes(q, k, v, xp, k_name: str = "k", v_name: str = "v", k_scale=None, v_scale=None):
+    """k and v have q's dtype -- or, for an FP8 cache (fp8.py), both the same float8 format,
+    read on the CPU backend only so far.  The scales apply to float8 k / v only."""
+    from .fp8 import is_fp8, refuse_scales
+
+    fp8_k, fp8_v = is_fp8(k.dtype), is_fp8(v.dtype)
+    if not (fp8_k or fp8_v):
+        same_dtype("q", q, **{k_name: k, v_name: v})
+        refuse_scales(k_scale, v_scale, "dequantization scales apply to float8 K/V only",
+                      f"None with {k_name}/{v_name} of dtype {dtype_name(k.dtype)}",
+                      "drop {name}, or pass float8 (ml_dtypes.float8_e4m3fn / float8_e5m2) K/V")
+        return False
+    if np.dtype(k.dtype) != np.dtype(v.dtype):
+        bad = v_name if fp8_k else k_name
+        raise explain(
+            DTypeError, bad, "an FP8 cache holds keys and values in the same float8 format",
+            dtype_name(k.dtype if fp8_k else v.dtype), dtype_name((v if fp8_k else k).dtype),
+            f"quantize {bad} to the same format (cupy_flashattn.fp8.quantize)",
+        )
+    if xp is not np:
+        raise explain(
+            UnsupportedError, k_name, "float8 K/V caches run on the CPU backend only so far (the "
+            "CUDA kernels do not read FP8 yet)", "float16 / bfloat16 K/V on the GPU",
+            dtype_name(k.dtype), "keep the cache in bfloat16 on the GPU (xp=cupy), or use a NumPy "
+            "FP8 cache (xp=numpy) on the CPU backend",
+        )
+    return True
+
+
 def index_array(name: str, a, xp, ndim: int, length=None):
     """An int32 index array (cu_seqlens, seqused_k, cache_seqlens, block_table...)."""
     same_backend(xp, **{name: a})

@@ -1,18 +1,20 @@
 // sm90/flash_fwd.cu -- FlashAttention forward for Hopper (sm_90a): warp-specialized, wgmma.
 //
-// One CTA per (query tile of 128 rows, head, sequence), three warpgroups:
-//   - warpgroup 0, the PRODUCER (setmaxnreg down to kProducerRegs): copies Q once and the K/V
-//     tiles into a kStages ring in shared memory (the SW128 layout of wgmma.cuh) and signals
-//     each tile on its FULL mbarrier.  Dense / varlen K/V: TMA boxes (the tile holding the end
-//     of the sequence by cp.async, zero-filled past it); paged K/V: rows gathered by cp.async
-//     through the page ids, any page size, absent pages zero-filled (or, built with
-//     FA_SM90_PAGED_TMA, one TMA box per page where pages tile the key tile); the block-table
+// Persistent CTAs (at most one per SM) walk query tiles of 128 rows of one (head, sequence) in
+// rounds (see "Persistent schedule"; varlen / paged launches take one CTA per tile, one round
+// each).  Three warpgroups:
+//   - warpgroup 0, the PRODUCER (setmaxnreg down to kProducerRegs): copies each tile's Q and
+//     its K/V tiles into a kStages ring in shared memory (the SW128 layout of wgmma.cuh) and
+//     signals each on its FULL mbarrier.  Q, and whole dense K/V tiles, by TMA (the tile
+//     holding the end of the sequence by cp.async, zero-filled past it); paged K/V: one TMA box
+//     per page where pages tile the key tile (FA_SM90_PAGED_TMA), else rows gathered by
+//     cp.async through the page ids, any page size, absent pages zero-filled; the block-table
 //     reads run one tile ahead;
 //   - warpgroups 1 and 2, the CONSUMERS (64 query rows each): S = Q K^T by wgmma with both
 //     operands in shared memory, then the same logit transform, mask and online softmax as the
 //     sm80 kernel (attn/mask.cuh, attn/softmax.cuh: the wgmma accumulator layout per warp is
 //     the mma.sync one), then O += P V by wgmma with P from registers; each tile's buffers are
-//     handed back on its EMPTY mbarriers.
+//     handed back on its EMPTY mbarriers, Q on q_empty.
 // Key tiles run from the last to the first (the masked tail and causal diagonal first), as in
 // sm80/flash_fwd.cu; tiles no row of a consumer sees are skipped by that consumer, tiles no row
 // of the CTA sees are never loaded.
