@@ -193,3 +193,17 @@ def test_sequences_of_unknown_lengths_get_one_cta_per_tile_on_sm90():
     assert launch.persistent_grid(p, tr, H100_SMS) == (16 * 16 * 8, 1, 1)
     p = _problem(B=8, max_q=2048, max_k=2048, H=16, Hk=16, D=128)
     assert launch.uniform_lengths(p) and launch.persistent_grid(p, tr, H100_SMS) == (H100_SMS, 1, 1)
+
+
+def test_sm90_grid_switch_for_ab_runs_and_many_round_tests(monkeypatch):
+    """CUPY_FLASHATTN_SM90_GRID: "tiles" = one CTA per tile; "ctas=N" = at most N persistent
+    CTAs for any problem (tests/gpu/test_sm90_persistent.py); default persistent."""
+    from cupy_flashattn._cuda import launch
+
+    tr = cc.traits(128, "sm90")
+    p = _problem(B=4, max_q=1000, max_k=1000, H=16, Hk=16, D=128, varlen=True)
+    monkeypatch.setenv(launch.SM90_GRID_ENV, "ctas=3")
+    assert launch.launch_grid(p, tr, "sm90", sm_count=H100_SMS) == (3, 1, 1)
+    monkeypatch.setenv(launch.SM90_GRID_ENV, "tiles")
+    assert launch.launch_grid(p, tr, "sm90", sm_count=H100_SMS) == (8 * 16 * 4, 1, 1)
+    assert launch.launch_grid(p, tr, "sm80", sm_count=H100_SMS) == (8, 16, 4)

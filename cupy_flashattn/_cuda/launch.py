@@ -230,8 +230,10 @@ def sm_count_of(device_id=None) -> int:
     return _sm_count(cupy.cuda.runtime.getDevice() if device_id is None else device_id)
 
 
-#: Development switch (device A/B runs): "tiles" launches the sm90 kernels with one CTA per
-#: query tile (the persistent loop then runs one round per CTA, the hardware schedules).
+#: Development switch (device A/B runs and tests): "tiles" launches the sm90 kernels with one
+#: CTA per query tile (the persistent loop then runs one round per CTA, the hardware
+#: schedules); "ctas=N" runs every problem (uniform lengths or not) on at most N persistent
+#: CTAs, so that small test problems take many rounds per CTA (tests/gpu/test_sm90_persistent.py).
 SM90_GRID_ENV = "CUPY_FLASHATTN_SM90_GRID"
 
 
@@ -240,9 +242,11 @@ def launch_grid(problem: AttentionProblem, tr, arch: str, sm_count=None) -> tupl
     sm90, :func:`persistent_grid` on ``sm_count`` SMs (default: the current device's)."""
     if arch != "sm90":
         return prefill_grid(problem, tr)
-    if os.environ.get(SM90_GRID_ENV, "persistent") == "tiles":
+    mode = os.environ.get(SM90_GRID_ENV, "persistent")
+    if mode == "tiles" or mode.startswith("ctas="):
         tiles_m, heads, batch = prefill_grid(problem, tr)
-        return (max(tiles_m * heads * batch, 1), 1, 1)
+        total = max(tiles_m * heads * batch, 1)
+        return (total if mode == "tiles" else min(total, max(1, int(mode[5:]))), 1, 1)
     return persistent_grid(problem, tr, sm_count_of() if sm_count is None else int(sm_count))
 
 

@@ -1,0 +1,86 @@
+"""The sm90 kernels' persistent schedule with many rounds per CTA on small problems: the grid
+is capped at 3 CTAs (``CUPY_FLASHATTN_SM90_GRID=ctas=3``), so every CTA walks dozens of query
+tiles -- the ring counters, the q_full / q_empty phases, the ping-pong turns, the snake order
+and the per-tile geometry carried from tile to tile -- over the same problems as the edge
+tests: ragged lengths, varlen with empty sequences, scattered pages of 1 / 7 / 16 / 256 rows,
+windows with ALiBi and softcap, GQA, single query rows, head dims 64..256.  Same oracle and
+bound as test_gpu_kernels.py.  (Launches with fewer tiles than SMs, the common case of the
+other tests, run one round per CTA.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+from test_gpu_kernels import check, make_problem  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module", autouse=True)
+def few_persistent_ctas():
+    from cupy_flashattn._cuda import is_available
+    from cupy_flashattn._cuda.launch import SM90_GRID_ENV, force_prefill_arch
+
+    if not is_available() or int(cupy.cuda.Device().compute_capability) != 90:
+        pytest.skip("the sm_90a kernels need a compute capability 9.0 GPU")
+    mp = pytest.MonkeyPatch()
+    mp.setenv(SM90_GRID_ENV, "ctas=3")
+    force_prefill_arch("sm90")
+    yield
+    force_prefill_arch(None)
+    mp.undo()
+
+
+def _check(problem):
+    from cupy_flashattn._cuda.launch import PrefillPlan, select_kernel
+
+    assert select_kernel(problem).arch == "sm90"
+    assert PrefillPlan(problem).grid[0] <= 3
+    check(problem)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dense_many_rounds(d, causal):
+    """Dense (the persistent grid users get), Sq != Sk and a partial last tile."""
+    rng = np.random.default_rng(d + causal)
+    _check(make_problem(rng, dtype="bf16", d=d, h=3, lens_q=[300, 300], lens_k=[1025, 1025],
+                        causal=causal))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_ragged_many_rounds(causal):
+    rng = np.random.default_rng(3 + causal)
+    _check(make_problem(rng, dtype="bf16", d=128, h=3, lens_q=[97, 300], lens_k=[1025, 131],
+                        causal=causal))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_with_empty_sequences_many_rounds(causal):
+    rng = np.random.default_rng(5 + causal)
+    _check(make_problem(rng, dtype="f16", d=128, h=4, hk=2, lens_q=[0, 257, 1, 130, 0],
+                        lens_k=[5, 400, 0, 130, 77], varlen=True, causal=causal))
+
+
+@pytest.mark.parametrize("page", [1, 7, 16, 256])
+def test_paged_many_rounds(page):
+    rng = np.random.default_rng(page)
+    _check(make_problem(rng, dtype="bf16", d=128, h=8, hk=2, lens_q=[130, 1, 257],
+                        lens_k=[300, 129, 1000], page=page, causal=True))
+
+
+@pytest.mark.parametrize("window", [(32, 0), (100, 100)])
+def test_windows_alibi_softcap_many_rounds(window):
+    rng = np.random.default_rng(sum(window))
+    _check(make_problem(rng, dtype="f16", d=128, h=3, lens_q=[260, 260], lens_k=[400, 400],
+                        window=window, alibi=True, softcap=30.0))
+
+
+def test_gqa_and_single_rows_many_rounds():
+    rng = np.random.default_rng(11)
+    _check(make_problem(rng, dtype="bf16", d=64, h=16, hk=2, lens_q=[1, 200, 1],
+                        lens_k=[4096, 333, 97], causal=True))
