@@ -1,0 +1,40 @@
+"""One prefill case for a profiler run: a few back-to-back public calls of bf16 dense attention
+(16k tokens, 16 heads of D), so that ``ncu --launch-skip`` can pick a warm launch.
+
+    python3 tools/ncu_case.py --d 128 --s 2048 [--causal] [--calls 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--s", type=int, default=2048)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--calls", type=int, default=5)
+    args = ap.parse_args(argv)
+    import cupy
+    import ml_dtypes
+
+    import cupy_flashattn as fa
+
+    b = max(1, 16384 // args.s)
+    shape = (b, args.s, args.heads, args.d)
+    q, k, v = (cupy.random.standard_normal(shape, dtype=cupy.float32).astype(ml_dtypes.bfloat16)
+               for _ in range(3))
+    for _ in range(args.calls):
+        fa.flash_attn_func(q, k, v, causal=args.causal)
+    cupy.cuda.runtime.deviceSynchronize()
+    print(f"ran {args.calls} calls of {shape} causal={args.causal}")
+
+
+if __name__ == "__main__":
+    main()
