@@ -161,49 +161,49 @@ def test_persistent_grid_balances_causal_tiles_over_the_ctas():
     key tiles.  The chosen CTA count and the snake order must split the work within 4% of
     even; the plain order c, c + 132, ... would give CTA 0 the tiles 16, 12, 8, 4 over and
     over and CTA 3 13, 9, 5, 1 (a factor 4 shared with 16)."""
-    from cupy_flashattn._cuda import launch
+    from cupy_flashattn._cuda import schedule
 
     tr = cc.traits(128, "sm90")
     for S in (2048, 4096, 8192, 16384):
         p = _problem(B=16384 // S, max_q=S, max_k=S, H=16, Hk=16, D=128)
         p.window_right = 0
-        (ctas, one, one_) = launch.persistent_grid(p, tr, H100_SMS)
+        (ctas, one, one_) = schedule.persistent_grid(p, tr, H100_SMS)
         assert (one, one_) == (1, 1) and H100_SMS - 16 <= ctas <= H100_SMS
         tiles_m = S // 128
-        per_head = list(launch._tile_work(p, tiles_m, 128, 128))
+        per_head = list(schedule._tile_work(p, tiles_m, 128, 128))
         assert per_head == [k + 1 for k in range(tiles_m, 0, -1)]  # heavy first, + 1 of fill
         work = per_head * (16 * p.batch_size)
-        assert launch.snake_makespan(np.array(work), ctas) == _makespan(work, ctas)
+        assert schedule.snake_makespan(np.array(work), ctas) == _makespan(work, ctas)
         assert _makespan(work, ctas) <= 1.04 * sum(work) / H100_SMS, S
         if S == 2048:
             plain = max(sum(work[c::H100_SMS]) for c in range(H100_SMS))
             assert plain > 1.15 * sum(work) / H100_SMS  # what the snake avoids
     p.window_right = -1  # no window: every tile costs the same, every SM gets a CTA
-    assert launch.persistent_grid(p, tr, H100_SMS) == (H100_SMS, 1, 1)
+    assert schedule.persistent_grid(p, tr, H100_SMS) == (H100_SMS, 1, 1)
 
 
 def test_sequences_of_unknown_lengths_get_one_cta_per_tile_on_sm90():
     """Varlen / paged (cu_seqlens, seqused_k): the host does not know the tiles' work, so the
     hardware schedules one CTA per tile (the same kernel, one round each)."""
-    from cupy_flashattn._cuda import launch
+    from cupy_flashattn._cuda import schedule
 
     tr = cc.traits(128, "sm90")
     p = _problem(B=8, max_q=2048, max_k=2048, H=16, Hk=16, D=128, varlen=True)
-    assert not launch.uniform_lengths(p)
-    assert launch.persistent_grid(p, tr, H100_SMS) == (16 * 16 * 8, 1, 1)
+    assert not schedule.uniform_lengths(p)
+    assert schedule.persistent_grid(p, tr, H100_SMS) == (16 * 16 * 8, 1, 1)
     p = _problem(B=8, max_q=2048, max_k=2048, H=16, Hk=16, D=128)
-    assert launch.uniform_lengths(p) and launch.persistent_grid(p, tr, H100_SMS) == (H100_SMS, 1, 1)
+    assert schedule.uniform_lengths(p) and schedule.persistent_grid(p, tr, H100_SMS) == (H100_SMS, 1, 1)
 
 
 def test_sm90_grid_switch_for_ab_runs_and_many_round_tests(monkeypatch):
     """CUPY_FLASHATTN_SM90_GRID: "tiles" = one CTA per tile; "ctas=N" = at most N persistent
     CTAs for any problem (tests/gpu/test_sm90_persistent.py); default persistent."""
-    from cupy_flashattn._cuda import launch
+    from cupy_flashattn._cuda import schedule
 
     tr = cc.traits(128, "sm90")
     p = _problem(B=4, max_q=1000, max_k=1000, H=16, Hk=16, D=128, varlen=True)
-    monkeypatch.setenv(launch.SM90_GRID_ENV, "ctas=3")
-    assert launch.launch_grid(p, tr, "sm90", sm_count=H100_SMS) == (3, 1, 1)
-    monkeypatch.setenv(launch.SM90_GRID_ENV, "tiles")
-    assert launch.launch_grid(p, tr, "sm90", sm_count=H100_SMS) == (8 * 16 * 4, 1, 1)
-    assert launch.launch_grid(p, tr, "sm80", sm_count=H100_SMS) == (8, 16, 4)
+    monkeypatch.setenv(schedule.SM90_GRID_ENV, "ctas=3")
+    assert schedule.launch_grid(p, tr, "sm90", sm_count=H100_SMS) == (3, 1, 1)
+    monkeypatch.setenv(schedule.SM90_GRID_ENV, "tiles")
+    assert schedule.launch_grid(p, tr, "sm90", sm_count=H100_SMS) == (8 * 16 * 4, 1, 1)
+    assert schedule.launch_grid(p, tr, "sm80", sm_count=H100_SMS) == (8, 16, 4)

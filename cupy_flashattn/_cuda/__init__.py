@@ -82,7 +82,7 @@ def describe_launches(problem, sm_count=None, arch=None, device_cc=None) -> tupl
     grid is persistent (at most one CTA per SM: ``sm_count``, default the current device's, or
     132 when ``device_cc`` describes a device that is not there)."""
     from .decode import DECODE_THREADS, decode_grid, plan as decode_plan, smem_bytes as decode_smem
-    from .launch import launch_grid
+    from .schedule import launch_grid
 
     kind, limit = route(problem)
     out = []

@@ -23,7 +23,8 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(scope="module", autouse=True)
 def few_persistent_ctas():
     from cupy_flashattn._cuda import is_available
-    from cupy_flashattn._cuda.launch import SM90_GRID_ENV, force_prefill_arch
+    from cupy_flashattn._cuda.launch import force_prefill_arch
+    from cupy_flashattn._cuda.schedule import SM90_GRID_ENV
 
     if not is_available() or int(cupy.cuda.Device().compute_capability) != 90:
         pytest.skip("the sm_90a kernels need a compute capability 9.0 GPU")
