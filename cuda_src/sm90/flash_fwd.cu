@@ -60,7 +60,7 @@ struct Sm90Smem {
 };
 
 // ---- Persistent schedule ----------------------------------------------------------------------
-// The grid is at most one CTA per SM (launch.py persistent_grid).  Tiles i = m + tiles_m (h + H b)
+// The grid is at most one CTA per SM (_cuda/schedule.py persistent_grid).  Tiles i = m + tiles_m (h + H b)
 // run in rounds of gridDim.x, in the order a one-CTA-per-tile grid would run them (neighbouring
 // CTAs share a head's K / V in L2); in round r CTA c takes tile r G + c, or r G + G - 1 - c in
 // odd rounds (the snake evens out causal tiles of unequal work: 132 CTAs over 16 tiles per
