@@ -78,3 +78,32 @@ def test_windows_alibi_softcap(window):
 def test_long_causal_many_tiles():
     rng = np.random.default_rng(42)
     _check(make_problem(rng, dtype="bf16", d=128, h=2, lens_q=[2049], lens_k=[2049], causal=True))
+
+
+def test_tma_maps_follow_the_arrays_between_cached_calls():
+    """A cached plan re-encodes a TMA map only when its array moved (launcher.TmaLaunch): calls
+    alternating between two K/V arrays (A, B, A), and a pool rewritten in place between calls
+    (same address, new values), each give what a fresh call on those arrays gives."""
+    import cupy_flashattn as fa
+    from cupy_flashattn._signature import CALLS
+
+    rng = np.random.default_rng(3)
+    B, S, H, D = 2, 300, 4, 128
+
+    def arr(shape):
+        return cupy.asarray(rng.standard_normal(shape).astype(np.float16))
+
+    q = arr((B, S, H, D))
+    kv = {name: (arr((B, S, H, D)), arr((B, S, H, D))) for name in "AB"}
+    expected = {}
+    for name, (k, v) in kv.items():
+        CALLS.clear()
+        expected[name] = fa.flash_attn_func(q, k, v, causal=True).get()
+    CALLS.clear()
+    for name in "ABA":
+        out = fa.flash_attn_func(q, *kv[name], causal=True)  # one cached plan for all three
+        np.testing.assert_array_equal(out.get(), expected[name])
+    k, v = kv["A"]
+    k[...] = kv["B"][0]
+    v[...] = kv["B"][1]  # A's buffers now hold B's values, at A's addresses
+    np.testing.assert_array_equal(fa.flash_attn_func(q, k, v, causal=True).get(), expected["B"])
