@@ -231,6 +231,9 @@ class KVCacheCall(_Call):
         self.rotary_interleaved = rotary_interleaved
         self.q_per_token = q_per_token
         self.rope_plans: dict = {}  # the rotary/append kernel's launch plans (CuPy)
+        # A float8 cache's (k_scale, v_scale): the new k / v are quantized on append (fp8.py).
+        self.fp8_scales = ((fields["k_scale"], fields["v_scale"]) if "k_scale" in fields
+                           else None)
 
     def execute(self, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                 cache_batch_idx, cache_leftpad, block_table, alibi_slopes, sinks,
@@ -241,9 +244,7 @@ class KVCacheCall(_Call):
                 q, k_cache, v_cache, k, v, seqlens, cos=rotary_cos, sin=rotary_sin,
                 interleaved=self.rotary_interleaved, q_per_token=self.q_per_token,
                 cache_batch_idx=cache_batch_idx, block_table=block_table if self.paged else None,
-                plans=self.rope_plans,
-                fp8_scales=(self.fields["k_scale"], self.fields["v_scale"])
-                if "k_scale" in self.fields else None,
+                plans=self.rope_plans, fp8_scales=self.fp8_scales,
             )
         lse = self._lse_buffer(self.q_rows[0], self.return_lse)
         result = self._run_token_rows(

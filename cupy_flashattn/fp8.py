@@ -20,7 +20,7 @@ import numbers
 
 import numpy as np
 
-from .errors import ArgumentError, DTypeError, ShapeError, explain
+from .errors import ArgumentError, DTypeError, ShapeError, UnsupportedError, explain
 
 try:
     import ml_dtypes
@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover - ml_dtypes is in install_requires
 FP8_NAMES = {"fp8": FLOAT8_E4M3FN, "fp8_e4m3": FLOAT8_E4M3FN, "fp8_e5m2": FLOAT8_E5M2}
 
 __all__ = ["FP8_DTYPES", "FLOAT8_E4M3FN", "FLOAT8_E5M2", "FP8_NAMES", "is_fp8", "fp8_max",
-           "scale_array", "refuse_scales", "quantize", "dequantize"]
+           "scale_array", "refuse_scales", "refuse_on_gpu", "quantize", "dequantize"]
 
 
 def is_fp8(dtype) -> bool:
@@ -53,6 +53,17 @@ def is_fp8(dtype) -> bool:
 def fp8_max(dtype) -> float:
     """The largest finite value of a float8 format (448 or 57344)."""
     return _MAX[np.dtype(dtype)]
+
+
+def refuse_on_gpu(name: str, dtype, how: str) -> None:
+    """The one rule while the CUDA kernels do not read FP8: an UnsupportedError naming
+    ``name`` (a float8 array or cache ``how`` it was given, e.g. "with xp=cupy")."""
+    raise explain(
+        UnsupportedError, name, "float8 K/V caches run on the CPU backend only so far (the CUDA "
+        "kernels do not read FP8 yet)", "float16 / bfloat16 K/V on the GPU, or float8 with NumPy",
+        f"{np.dtype(dtype).name} {how}", "keep the cache in bfloat16 on the GPU, or use a NumPy "
+        "FP8 cache (xp=numpy) on the CPU backend",
+    )
 
 
 def refuse_scales(k_scale, v_scale, problem: str, expected: str, fix: str) -> None:

@@ -26,15 +26,17 @@ from .errors import (
     UnsupportedError,
     explain,
 )
-from .fp8 import FP8_DTYPES, FP8_NAMES, is_fp8, quantize, refuse_scales, scale_array
+from .fp8 import FP8_DTYPES, FP8_NAMES, is_fp8, quantize, refuse_on_gpu, refuse_scales, scale_array
 from .validate import MAX_HEAD_DIM, gpu_head_dim, writable
 
 __all__ = ["PagedKVCache", "DecodeSteps"]
 
-#: dtypes a cache can hold (float64 only makes sense with the NumPy/CPU backend; the float8
-#: formats are FP8 caches with scales, fp8.py, on the CPU backend so far).
-_DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32), np.dtype(np.float64),
-           *FP8_DTYPES)
+#: Float dtypes a cache can hold (float64 only makes sense with the NumPy/CPU backend); an FP8
+#: cache takes new tokens in any of them and quantizes them.
+_FLOAT_DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32), np.dtype(np.float64))
+#: Every cache dtype: the float ones and the float8 formats (FP8 caches with scales, fp8.py,
+#: on the CPU backend so far).
+_DTYPES = _FLOAT_DTYPES + FP8_DTYPES
 
 
 @dataclass
@@ -190,12 +192,7 @@ class PagedKVCache:
         self._k_scale = self._v_scale = None
         if is_fp8(self._dtype):
             if self._xp is not np:
-                raise explain(
-                    UnsupportedError, "dtype", "FP8 caches run on the CPU backend only so far "
-                    "(the CUDA kernels do not read FP8 yet)", "a float8 cache with xp=numpy",
-                    f"{dtype_name(self._dtype)} with xp=cupy",
-                    "keep a GPU cache in bfloat16, or make the FP8 cache with xp=numpy",
-                )
+                refuse_on_gpu("dtype", self._dtype, "with xp=cupy")
             self._k_scale = scale_array("k_scale", k_scale, int(num_heads_k))
             self._v_scale = scale_array("v_scale", v_scale, int(num_heads_k))
         else:
@@ -460,7 +457,7 @@ class PagedKVCache:
                 f"device {a.device.id}", f"copy it under `with cupy.cuda.Device({device}):`",
             )
         if is_fp8(self._dtype):  # new tokens in a float dtype, quantized by _scatter
-            if np.dtype(a.dtype) not in _DTYPES[:4] + (self._dtype,):
+            if np.dtype(a.dtype) not in _FLOAT_DTYPES + (self._dtype,):
                 raise explain(
                     DTypeError, name, "an FP8 cache takes new tokens as floats (quantized on "
                     "append) or already in its float8 format",

@@ -18,6 +18,7 @@ import numbers
 import numpy as np
 
 from ._arrays import BFLOAT16, array_module, dtype_name
+from .fp8 import is_fp8, refuse_on_gpu, refuse_scales
 from .errors import (
     ArgumentError,
     BlockTableError,
@@ -168,8 +169,6 @@ def same_dtype(reference_name: str, reference, **arrays):
 def kv_dtypes(q, k, v, xp, k_name: str = "k", v_name: str = "v", k_scale=None, v_scale=None):
     """k and v have q's dtype -- or, for an FP8 cache (fp8.py), both the same float8 format,
     read on the CPU backend only so far.  The scales apply to float8 k / v only."""
-    from .fp8 import is_fp8, refuse_scales
-
     fp8_k, fp8_v = is_fp8(k.dtype), is_fp8(v.dtype)
     if not (fp8_k or fp8_v):
         same_dtype("q", q, **{k_name: k, v_name: v})
@@ -185,12 +184,7 @@ def kv_dtypes(q, k, v, xp, k_name: str = "k", v_name: str = "v", k_scale=None, v
             f"quantize {bad} to the same format (cupy_flashattn.fp8.quantize)",
         )
     if xp is not np:
-        raise explain(
-            UnsupportedError, k_name, "float8 K/V caches run on the CPU backend only so far (the "
-            "CUDA kernels do not read FP8 yet)", "float16 / bfloat16 K/V on the GPU",
-            dtype_name(k.dtype), "keep the cache in bfloat16 on the GPU (xp=cupy), or use a NumPy "
-            "FP8 cache (xp=numpy) on the CPU backend",
-        )
+        refuse_on_gpu(k_name, k.dtype, "as a CuPy array")
     return True
 
 
