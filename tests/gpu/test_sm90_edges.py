@@ -31,11 +31,13 @@ def sm90_path():
     force_prefill_arch(None)
 
 
-def _check(problem):
+def check_sm90(problem):
+    """check() of test_gpu_kernels.py, after asserting the problem runs on the sm90 family."""
     from cupy_flashattn._cuda import select_kernel
 
     assert select_kernel(problem).arch == "sm90"
     check(problem)
+
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
@@ -43,7 +45,7 @@ def _check(problem):
 @pytest.mark.parametrize("causal", [False, True])
 def test_head_dims_and_ragged_tiles(dtype, d, causal):
     rng = np.random.default_rng(d + 7 * causal)
-    _check(make_problem(rng, dtype=dtype, d=d, h=2, lens_q=[97, 300], lens_k=[1025, 131],
+    check_sm90(make_problem(rng, dtype=dtype, d=d, h=2, lens_q=[97, 300], lens_k=[1025, 131],
                         causal=causal))
 
 
@@ -51,33 +53,33 @@ def test_head_dims_and_ragged_tiles(dtype, d, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_pages_scattered_partial_last(page, causal):
     rng = np.random.default_rng(page + 1000 * causal)
-    _check(make_problem(rng, dtype="bf16", d=128, h=8, hk=2, lens_q=[130, 1, 257],
+    check_sm90(make_problem(rng, dtype="bf16", d=128, h=8, hk=2, lens_q=[130, 1, 257],
                         lens_k=[300, 129, 1000], page=page, causal=causal))
 
 
 @pytest.mark.parametrize("ratio", [1, 4, 7, 8])
 def test_gqa_ratios(ratio):
     rng = np.random.default_rng(ratio)
-    _check(make_problem(rng, dtype="f16", d=64, h=2 * ratio, hk=2, lens_q=[200, 200],
+    check_sm90(make_problem(rng, dtype="f16", d=64, h=2 * ratio, hk=2, lens_q=[200, 200],
                         lens_k=[333, 333], causal=True))
 
 
 @pytest.mark.parametrize("sk", [1, 97, 4096])
 def test_single_query_row(sk):
     rng = np.random.default_rng(sk)
-    _check(make_problem(rng, dtype="bf16", d=128, h=4, lens_q=[1, 1], lens_k=[sk, sk], causal=True))
+    check_sm90(make_problem(rng, dtype="bf16", d=128, h=4, lens_q=[1, 1], lens_k=[sk, sk], causal=True))
 
 
 @pytest.mark.parametrize("window", [(32, 0), (100, 100), (-1, 8)])
 def test_windows_alibi_softcap(window):
     rng = np.random.default_rng(sum(window))
-    _check(make_problem(rng, dtype="f16", d=128, h=3, lens_q=[260, 260], lens_k=[400, 400],
+    check_sm90(make_problem(rng, dtype="f16", d=128, h=3, lens_q=[260, 260], lens_k=[400, 400],
                         window=window, alibi=True, softcap=30.0))
 
 
 def test_long_causal_many_tiles():
     rng = np.random.default_rng(42)
-    _check(make_problem(rng, dtype="bf16", d=128, h=2, lens_q=[2049], lens_k=[2049], causal=True))
+    check_sm90(make_problem(rng, dtype="bf16", d=128, h=2, lens_q=[2049], lens_k=[2049], causal=True))
 
 
 def test_tma_maps_follow_the_arrays_between_cached_calls():

@@ -15,33 +15,28 @@ import pytest
 
 cupy = pytest.importorskip("cupy")
 
-from test_gpu_kernels import check, make_problem  # noqa: E402
+from test_gpu_kernels import make_problem  # noqa: E402
+# sm90_path: the edge tests' autouse fixture (a 9.0 GPU, sm90 forced), active here too.
+from test_sm90_edges import check_sm90, sm90_path  # noqa: E402, F401
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module", autouse=True)
 def few_persistent_ctas():
-    from cupy_flashattn._cuda import is_available
-    from cupy_flashattn._cuda.launch import force_prefill_arch
     from cupy_flashattn._cuda.schedule import SM90_GRID_ENV
 
-    if not is_available() or int(cupy.cuda.Device().compute_capability) != 90:
-        pytest.skip("the sm_90a kernels need a compute capability 9.0 GPU")
     mp = pytest.MonkeyPatch()
     mp.setenv(SM90_GRID_ENV, "ctas=3")
-    force_prefill_arch("sm90")
     yield
-    force_prefill_arch(None)
     mp.undo()
 
 
 def _check(problem):
-    from cupy_flashattn._cuda.launch import PrefillPlan, select_kernel
+    from cupy_flashattn._cuda.launch import PrefillPlan
 
-    assert select_kernel(problem).arch == "sm90"
     assert PrefillPlan(problem).grid[0] <= 3
-    check(problem)
+    check_sm90(problem)
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])
