@@ -5,10 +5,7 @@
 set -u
 OUT=${OUT:-/tmp/fa_out}
 mkdir -p "$OUT"
-export PYTHONPATH=.
-export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/fa_cupy_cache}
-T0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+. "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
 
 # Compile kernels in parallel processes into CuPy's disk cache (NVRTC is single-threaded).

@@ -4,10 +4,7 @@
 set -u
 OUT=${OUT:-/tmp/fa_quick}
 mkdir -p "$OUT"
-export PYTHONPATH=. PYTHONUNBUFFERED=1 MPLBACKEND=Agg
-export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/fa_cupy_cache}
-T0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+. "$(dirname "$0")/device_env.sh"
 stamp "precompile"
 python3 tools/precompile_parallel.py 2>&1 | tail -n 1
 if [ "${PROFILE:-1}" = 1 ]; then

@@ -5,8 +5,7 @@
 # ($OUT/run_b_$PHASE.tgz; the device returns at most 8 files) plus a summary.
 set -u
 OUT=${OUT:-/tmp/fa_out}; W=/tmp/fa_b; mkdir -p "$OUT" "$W"
-export PYTHONPATH=. PYTHONUNBUFFERED=1 MPLBACKEND=Agg CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/fa_cupy_cache}
-T0=$(date +%s); stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+. "$(dirname "$0")/device_env.sh"
 PHASE=${PHASE:-all}  # tests (large offsets + sanitizers), bench, or all
 {
 if [ "$PHASE" != bench ]; then

@@ -5,10 +5,7 @@
 set -u
 OUT=${OUT:-/tmp/fa_sm90}
 mkdir -p "$OUT"
-export PYTHONPATH=. PYTHONUNBUFFERED=1 MPLBACKEND=Agg
-export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/fa_cupy_cache}
-T0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+. "$(dirname "$0")/device_env.sh"
 stamp "precompile"
 timeout 300 python3 tools/precompile_parallel.py > "$OUT/precompile.txt" 2>&1; tail -n 3 "$OUT/precompile.txt"
 stamp "pytest sm90 ${TESTS:-tests/gpu/test_sm90_edges.py}"

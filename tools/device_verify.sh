@@ -11,10 +11,7 @@
 set -u
 OUT=${OUT:-/tmp/fa_verify}
 mkdir -p "$OUT"
-export PYTHONPATH=. PYTHONUNBUFFERED=1 MPLBACKEND=Agg
-export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/fa_cupy_cache}
-T0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+. "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 
 stamp "precompile (prefill + decode, parallel NVRTC)"

@@ -9,8 +9,7 @@
 set -u
 PART=${PART:-ab}
 OUT=${OUT:-/tmp/fa_out}; W=/tmp/fa_v; mkdir -p "$OUT" "$W"
-export PYTHONPATH=. PYTHONUNBUFFERED=1 MPLBACKEND=Agg CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/fa_cupy_cache}
-T0=$(date +%s); stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+. "$(dirname "$0")/device_env.sh"
 EXTRA="tests/test_sinks.py tests/test_decode_steps.py tests/test_failed_call_writes_nothing.py tests/test_kvcache.py tests/test_merge.py tests/test_rotary.py tests/test_plan.py tests/test_nan.py tests/test_empty.py tests/test_prefix_ranges.py tests/test_large_head_dims.py"
 {
 stamp "precompile"

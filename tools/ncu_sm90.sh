@@ -4,7 +4,7 @@
 # $CASES ("D,S,causal;..."), clocks left alone (METHOD.md).  Reports land in $OUT.
 set -u
 OUT=${OUT:-/tmp/fa_ncu}; mkdir -p "$OUT"
-export PYTHONPATH=. PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/fa_cupy_cache}
+. "$(dirname "$0")/device_env.sh"
 command -v ncu >/dev/null || { echo "ncu not found"; exit 1; }
 timeout 200 python3 tools/precompile_parallel.py 2>&1 | tail -n 1
 IFS=';' read -ra CS <<< "${CASES:-128,2048,0;128,2048,1;64,4096,0}"
