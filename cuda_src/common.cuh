@@ -17,6 +17,10 @@ using u64 = unsigned long long;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+// The same constants for float64 state, as functions: a namespace-scope double constant would
+// add a symbol to every module's cubin.
+__host__ __device__ constexpr double log2e_f64() { return 1.4426950408889634074; }
+__host__ __device__ constexpr double ln2_f64() { return 0.69314718055994530942; }
 
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
@@ -64,6 +68,31 @@ __device__ __forceinline__ float tanh_accurate(float x) {
   return 1.0f - 2.0f * r;
 }
 
+// ---- The arithmetic of one kernel family's softmax and logit transform ----------------------
+// FastMath: the 16-bit kernels' (fp32 state, approximate ex2/lg2: 2 ulp, far below bf16's
+// 2^-8); Fp32Math: float32 inputs at float32 accuracy (the same ex2/lg2 -- 2 ulp of fp32 --
+// but tanhf for softcap: tanh_accurate's ~1e-7 absolute error times a cap of 30 would be ~30
+// ulp of the logit); Fp64Math: float64 state and libdevice's exp2 / log2 / tanh (~1 ulp of
+// double).  OnlineSoftmax, the merge rules and LogitTransform take one of these.
+struct FastMath {
+  using T = float;
+  __device__ __forceinline__ static float exp2(float x) { return exp2_approx(x); }
+  __device__ __forceinline__ static float log2(float x) { return log2_approx(x); }
+  __device__ __forceinline__ static float tanh(float x) { return tanh_accurate(x); }
+};
+struct Fp32Math {
+  using T = float;
+  __device__ __forceinline__ static float exp2(float x) { return exp2_approx(x); }
+  __device__ __forceinline__ static float log2(float x) { return log2_approx(x); }
+  __device__ __forceinline__ static float tanh(float x) { return tanhf(x); }
+};
+struct Fp64Math {
+  using T = double;
+  __device__ __forceinline__ static double exp2(double x) { return ::exp2(x); }
+  __device__ __forceinline__ static double log2(double x) { return ::log2(x); }
+  __device__ __forceinline__ static double tanh(double x) { return ::tanh(x); }
+};
+
 // Butterfly reductions over the 4 lanes of a quad (the lanes that share an mma row).
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
@@ -75,6 +104,20 @@ __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 2);
   return x;
 }
+
+__device__ __forceinline__ double quad_max(double x) {
+  x = fmax(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  x = fmax(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  return x;
+}
+__device__ __forceinline__ double quad_sum(double x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  x += __shfl_xor_sync(0xffffffffu, x, 2);
+  return x;
+}
+// max that skips a NaN operand (fmaxf / fmax), for either accumulator type.
+__device__ __forceinline__ float max_skip_nan(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ double max_skip_nan(double a, double b) { return fmax(a, b); }
 
 // Elements of a run-time dtype (the decode combine and the rotary/append kernels serve every
 // dtype from one instantiation).  Codes, as decode.py's _elem_code passes them: 0 float32,
@@ -110,14 +153,14 @@ __device__ __forceinline__ i64 lmin(i64 a, i64 b) { return a < b ? a : b; }
 __device__ __forceinline__ i64 lmax(i64 a, i64 b) { return a > b ? a : b; }
 
 // Zero a register array of mma accumulators, e.g. float acc[kMRep][kTiles][4].
-template <int kA, int kB>
-__device__ __forceinline__ void zero_fragments(float (&x)[kA][kB][4]) {
+template <int kA, int kB, class T>
+__device__ __forceinline__ void zero_fragments(T (&x)[kA][kB][4]) {
 #pragma unroll
   for (int a = 0; a < kA; ++a)
 #pragma unroll
     for (int b = 0; b < kB; ++b)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) x[a][b][e] = 0.f;
+      for (int e = 0; e < 4; ++e) x[a][b][e] = T(0);
 }
 
 }  // namespace fa

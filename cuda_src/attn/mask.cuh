@@ -25,18 +25,22 @@ namespace fa {
 // log2_scale is what multiplies the values left in S to get log2 units for the softmax: with no
 // transform the scale is folded there (one FFMA per element: exp2(s * scale*log2e - m * scale*log2e));
 // with a transform S already holds natural-unit logits, so it is just log2(e).
-template <bool Has_transform>
+// M: the family's arithmetic (common.cuh); the float64 kernels pass their scale and softcap
+// in double (FwdParams holds float32 copies, whose rounding would cost 1e-8 of every logit).
+template <bool Has_transform, class M = FastMath>
 struct LogitTransform {
-  float scale;          // softmax_scale
-  float cap;            // softcap (0: none)
-  float scale_div_cap;  // softmax_scale / softcap
+  using T = typename M::T;
+  T scale;          // softmax_scale
+  T cap;            // softcap (0: none)
+  T scale_div_cap;  // softmax_scale / softcap
   int shift;
-  float log2_scale;
+  T log2_scale;
 
   __device__ LogitTransform(const FwdParams& p, int shift_)
-      : scale(p.softmax_scale), cap(p.softcap), shift(shift_) {
-    scale_div_cap = (Has_transform && p.softcap > 0.f) ? p.softmax_scale / p.softcap : 0.f;
-    log2_scale = Has_transform ? kLog2e : p.softmax_scale * kLog2e;
+      : LogitTransform(p.softmax_scale, p.softcap, shift_) {}
+  __device__ LogitTransform(T scale_, T cap_, int shift_) : scale(scale_), cap(cap_), shift(shift_) {
+    scale_div_cap = (Has_transform && cap_ > T(0)) ? scale_ / cap_ : T(0);
+    log2_scale = Has_transform ? T(log2e_f64()) : scale_ * T(log2e_f64());  // == kLog2e for float
   }
 
   // ALiBi slope of (batch b, query head h); 0 when no slopes were given.
@@ -48,16 +52,16 @@ struct LogitTransform {
 
   // col0: key position of element 0 of n-tile 0.
   template <int kMRep, int kNTiles, class RowOf, class SlopeOf>
-  __device__ __forceinline__ void apply(float (&s)[kMRep][kNTiles][4], const RowOf& row_of,
+  __device__ __forceinline__ void apply(T (&s)[kMRep][kNTiles][4], const RowOf& row_of,
                                         const SlopeOf& slope_of, int col0) const {
     if constexpr (Has_transform) {
-      if (cap > 0.f) {
+      if (cap > T(0)) {
 #pragma unroll
         for (int mi = 0; mi < kMRep; ++mi)
 #pragma unroll
           for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[mi][nt][e] = cap * tanh_accurate(s[mi][nt][e] * scale_div_cap);
+            for (int e = 0; e < 4; ++e) s[mi][nt][e] = cap * M::tanh(s[mi][nt][e] * scale_div_cap);
       } else {
 #pragma unroll
         for (int mi = 0; mi < kMRep; ++mi)
@@ -75,7 +79,7 @@ struct LogitTransform {
           for (int e = 0; e < 4; ++e) {
             const int row = row_of(mi, e >> 1);
             const int col = col0 + nt * 8 + (e & 1);
-            s[mi][nt][e] -= slope_of(mi, e >> 1) * fabsf((float)(row + shift - col));
+            s[mi][nt][e] -= slope_of(mi, e >> 1) * fabs(T(row + shift - col));
           }
     }
   }
@@ -85,8 +89,8 @@ struct LogitTransform {
 // [first_of(mi, h), last_of(mi, h)] (Window::first_key / last_key of its query row, so keys past
 // len_k are excluded too); bit 2nt+e of `absent` marks column 8nt + e (of this lane) as a key on
 // an absent page.  col0: key position of element 0 of n-tile 0.
-template <int kMRep, int kNTiles, class FirstOf, class LastOf>
-__device__ __forceinline__ void mask_fragment(float (&s)[kMRep][kNTiles][4], const FirstOf& first_of,
+template <int kMRep, int kNTiles, class T, class FirstOf, class LastOf>
+__device__ __forceinline__ void mask_fragment(T (&s)[kMRep][kNTiles][4], const FirstOf& first_of,
                                               const LastOf& last_of, int col0, unsigned absent) {
   static_assert(2 * kNTiles <= 32, "one bit per column of this lane");
 #pragma unroll
@@ -100,7 +104,7 @@ __device__ __forceinline__ void mask_fragment(float (&s)[kMRep][kNTiles][4], con
         for (int e = 0; e < 2; ++e) {
           const int col = col0 + nt * 8 + e;
           const bool visible = col <= hi && col >= lo && !((absent >> (2 * nt + e)) & 1u);
-          if (!visible) s[mi][nt][2 * h + e] = neg_inf();
+          if (!visible) s[mi][nt][2 * h + e] = T(neg_inf());
         }
     }
 }
@@ -117,8 +121,8 @@ struct Mask {
 
   // absent_ids (paged caches; null unless the tile has a key on an absent page): the tile's
   // page id per key, in shared memory.
-  template <int kMRep, int kNTiles>
-  __device__ __forceinline__ void apply(float (&s)[kMRep][kNTiles][4], int row0, int tile_col0,
+  template <int kMRep, int kNTiles, class T>
+  __device__ __forceinline__ void apply(T (&s)[kMRep][kNTiles][4], int row0, int tile_col0,
                                         int col_in_tile0, const int* absent_ids) const {
     unsigned absent = 0;  // warp-uniform test: null for almost every tile
     if (Is_paged && absent_ids != nullptr) {

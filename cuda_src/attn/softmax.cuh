@@ -27,21 +27,31 @@ namespace fa {
 // The amount (in log2 units) subtracted before exp2, for a running max m.  A row with no
 // visible key keeps m = -inf: subtracting 0 instead of -inf makes every p = exp2(-inf) = 0
 // rather than exp2(-inf - -inf) = NaN.
-__device__ __forceinline__ float row_shift(float m, float c) {
-  return m == neg_inf() ? 0.f : m * c;
+// Each rule is written once for every accumulator type: M is the family's arithmetic
+// (common.cuh FastMath / Fp32Math / Fp64Math); the 16-bit kernels and decode use the default.
+template <class M = FastMath>
+__device__ __forceinline__ typename M::T row_shift(typename M::T m, typename M::T c) {
+  using T = typename M::T;
+  return m == T(neg_inf()) ? T(0) : m * c;
 }
 
 // Weight of a state of max m_part in a merged state whose shift is `shift` (row_shift of the
 // merged max): exp2(m_part c - shift); 0 for an empty part (m_part = -inf).
-__device__ __forceinline__ float part_weight(float m_part, float c, float shift) {
-  return exp2_approx(m_part * c - shift);
+template <class M = FastMath>
+__device__ __forceinline__ typename M::T part_weight(typename M::T m_part, typename M::T c,
+                                                     typename M::T shift) {
+  return M::exp2(m_part * c - shift);
 }
 
 // The natural-log LSE of a finished state (l summed over every lane and part): +inf (flash-
 // attn's marker of an empty softmax) or `empty_lse` when l == 0, NaN when l is (a NaN score).
 // l == 0 exactly iff no key was visible: a visible finite max contributes exp2(0) = 1.
-__device__ __forceinline__ float state_lse(float m, float l, float c, float empty_lse = pos_inf()) {
-  return l == 0.f ? empty_lse : (m * c + log2_approx(l)) * kLn2;
+template <class M = FastMath>
+__device__ __forceinline__ typename M::T state_lse(typename M::T m, typename M::T l,
+                                                   typename M::T c,
+                                                   typename M::T empty_lse = pos_inf()) {
+  using T = typename M::T;
+  return l == T(0) ? empty_lse : (m * c + M::log2(l)) * T(ln2_f64());
 }
 
 // An attention sink (FwdParams::sinks): one more softmax term exp(sink) per row with no value
@@ -51,37 +61,46 @@ __device__ __forceinline__ float state_lse(float m, float l, float c, float empt
 //   top = max(m c, sink);  w = exp2(m c - top);  l' = l w + exp2(sink - top)
 // O (unnormalized) is multiplied by w / l' and the LSE is (top + log2 l') ln 2.  A row that saw
 // no key gets w = 0 (O stays 0) and LSE = sink; a NaN sink makes l' NaN (fmaxf skips it in top).
-struct SinkFold {
-  float o_scale;  // what the unnormalized O is multiplied by (1 / l without a sink)
-  float lse;      // natural log
+template <class T>
+struct SinkFoldOf {
+  T o_scale;  // what the unnormalized O is multiplied by (1 / l without a sink)
+  T lse;      // natural log
 };
-__device__ __forceinline__ SinkFold fold_sink(float m, float l, float c, float sink_log2,
-                                              float empty_lse = pos_inf()) {
-  if (sink_log2 == neg_inf()) return {1.f / l, state_lse(m, l, c, empty_lse)};
-  const float m_log2 = l == 0.f ? neg_inf() : m * c;
-  const float top = fmaxf(m_log2, sink_log2);
-  const float w = exp2_approx(m_log2 - top);
-  const float total = l * w + exp2_approx(sink_log2 - top);
-  return {w / total, (top + log2_approx(total)) * kLn2};
+using SinkFold = SinkFoldOf<float>;
+template <class M = FastMath>
+__device__ __forceinline__ SinkFoldOf<typename M::T> fold_sink(typename M::T m, typename M::T l,
+                                                               typename M::T c,
+                                                               typename M::T sink_log2,
+                                                               typename M::T empty_lse = pos_inf()) {
+  using T = typename M::T;
+  if (sink_log2 == T(neg_inf())) return {T(1) / l, state_lse<M>(m, l, c, empty_lse)};
+  const T m_log2 = l == T(0) ? T(neg_inf()) : m * c;
+  const T top = max_skip_nan(m_log2, sink_log2);
+  const T w = M::exp2(m_log2 - top);
+  const T total = l * w + M::exp2(sink_log2 - top);
+  return {w / total, (top + M::log2(total)) * T(ln2_f64())};
 }
 
 // The sink of query head h in log2 units, or -inf when the call has none.
-__device__ __forceinline__ float sink_log2(const float* sinks, int h) {
-  return sinks != nullptr ? sinks[h] * kLog2e : neg_inf();
+template <class M = FastMath>
+__device__ __forceinline__ typename M::T sink_log2(const float* sinks, int h) {
+  using T = typename M::T;
+  return sinks != nullptr ? T(sinks[h]) * T(log2e_f64()) : T(neg_inf());
 }
 
-template <int kMRep>
+template <int kMRep, class M = FastMath>
 struct OnlineSoftmax {
-  float row_max[kMRep][2];  // in the units S is held in; -inf while no key was visible
-  float row_sum[kMRep][2];  // this lane's partial sum of p
+  using T = typename M::T;
+  T row_max[kMRep][2];  // in the units S is held in; -inf while no key was visible
+  T row_sum[kMRep][2];  // this lane's partial sum of p
 
   __device__ __forceinline__ void init() {
 #pragma unroll
     for (int mi = 0; mi < kMRep; ++mi)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        row_max[mi][h] = neg_inf();
-        row_sum[mi][h] = 0.f;
+        row_max[mi][h] = T(neg_inf());
+        row_sum[mi][h] = T(0);
       }
   }
 
@@ -90,9 +109,9 @@ struct OnlineSoftmax {
   // alpha is exactly 1 otherwise, and after the first few tiles of a long row the max rarely
   // moves, which saves kMRep x kDTiles x 4 FMULs per thread per tile.
   template <int kNTiles, int kDTiles>
-  __device__ __forceinline__ void update(float (&s)[kMRep][kNTiles][4],
-                                         float (&o)[kMRep][kDTiles][4], float c) {
-    float alpha[kMRep][2];
+  __device__ __forceinline__ void update(T (&s)[kMRep][kNTiles][4],
+                                         T (&o)[kMRep][kDTiles][4], T c) {
+    T alpha[kMRep][2];
     if (to_probabilities(s, c, alpha)) rescale(o, alpha);
   }
 
@@ -100,28 +119,28 @@ struct OnlineSoftmax {
   // P V of the previous tile (sm90): S -> P and the new row statistics now, returning whether
   // any row of the warp changed its max; rescale(o, alpha) once that P V has completed.
   template <int kNTiles>
-  __device__ __forceinline__ bool to_probabilities(float (&s)[kMRep][kNTiles][4], float c,
-                                                   float (&alpha)[kMRep][2]) {
+  __device__ __forceinline__ bool to_probabilities(T (&s)[kMRep][kNTiles][4], T c,
+                                                   T (&alpha)[kMRep][2]) {
     bool changed = false;
 #pragma unroll
     for (int mi = 0; mi < kMRep; ++mi)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float mx = row_max[mi][h];
+        T mx = row_max[mi][h];
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt)
-          mx = fmaxf(mx, fmaxf(s[mi][nt][2 * h], s[mi][nt][2 * h + 1]));
+          mx = max_skip_nan(mx, max_skip_nan(s[mi][nt][2 * h], s[mi][nt][2 * h + 1]));
         mx = quad_max(mx);
-        const float m_scaled = row_shift(mx, c);
+        const T m_scaled = row_shift<M>(mx, c);
         changed |= mx != row_max[mi][h];
-        alpha[mi][h] = part_weight(row_max[mi][h], c, m_scaled);  // 0 when m_old = -inf
+        alpha[mi][h] = part_weight<M>(row_max[mi][h], c, m_scaled);  // 0 when m_old = -inf
         row_max[mi][h] = mx;
-        float sum = 0.f;
+        T sum = T(0);
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float pv = exp2_approx(fmaf(s[mi][nt][2 * h + e], c, -m_scaled));
+            const T pv = M::exp2(fma(s[mi][nt][2 * h + e], c, -m_scaled));
             s[mi][nt][2 * h + e] = pv;
             sum += pv;
           }
@@ -131,8 +150,8 @@ struct OnlineSoftmax {
   }
 
   template <int kDTiles>
-  __device__ __forceinline__ static void rescale(float (&o)[kMRep][kDTiles][4],
-                                                 const float (&alpha)[kMRep][2]) {
+  __device__ __forceinline__ static void rescale(T (&o)[kMRep][kDTiles][4],
+                                                 const T (&alpha)[kMRep][2]) {
 #pragma unroll
     for (int mi = 0; mi < kMRep; ++mi)
 #pragma unroll
@@ -145,7 +164,7 @@ struct OnlineSoftmax {
   }
 
   // This row's l summed over the 4 lanes of the quad that share it.
-  __device__ __forceinline__ float row_total(int mi, int h) const { return quad_sum(row_sum[mi][h]); }
+  __device__ __forceinline__ T row_total(int mi, int h) const { return quad_sum(row_sum[mi][h]); }
 
   // O /= l and the natural-log LSE.  A row that never saw a key (l == 0: m is still -inf and
   // no score was NaN) outputs 0 and LSE +inf (flash-attn's convention for an empty softmax).
@@ -155,21 +174,21 @@ struct OnlineSoftmax {
   // O as P V's 0 * NaN.
   // sink: the rows' attention sink in log2 units (-inf: none; see fold_sink).
   template <int kDTiles>
-  __device__ __forceinline__ void finalize(float (&o)[kMRep][kDTiles][4], float c,
-                                           float (&lse)[kMRep][2], float sink = neg_inf()) {
+  __device__ __forceinline__ void finalize(T (&o)[kMRep][kDTiles][4], T c,
+                                           T (&lse)[kMRep][2], T sink = neg_inf()) {
 #pragma unroll
     for (int mi = 0; mi < kMRep; ++mi)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float sum = quad_sum(row_sum[mi][h]);
-        const bool empty = sum == 0.f;
-        const SinkFold fold = fold_sink(row_max[mi][h], sum, c, sink);
-        const float inv = fold.o_scale;  // 1 / sum without a sink: NaN when sum is
+        const T sum = quad_sum(row_sum[mi][h]);
+        const bool empty = sum == T(0);
+        const SinkFoldOf<T> fold = fold_sink<M>(row_max[mi][h], sum, c, sink);
+        const T inv = fold.o_scale;  // 1 / sum without a sink: NaN when sum is
         lse[mi][h] = fold.lse;
 #pragma unroll
         for (int dt = 0; dt < kDTiles; ++dt) {
-          o[mi][dt][2 * h] = empty ? 0.f : o[mi][dt][2 * h] * inv;
-          o[mi][dt][2 * h + 1] = empty ? 0.f : o[mi][dt][2 * h + 1] * inv;
+          o[mi][dt][2 * h] = empty ? T(0) : o[mi][dt][2 * h] * inv;
+          o[mi][dt][2 * h + 1] = empty ? T(0) : o[mi][dt][2 * h + 1] * inv;
         }
       }
   }
