@@ -93,31 +93,24 @@ struct Fp64Math {
   __device__ __forceinline__ static double tanh(double x) { return ::tanh(x); }
 };
 
-// Butterfly reductions over the 4 lanes of a quad (the lanes that share an mma row).
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-  return x;
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  x += __shfl_xor_sync(0xffffffffu, x, 2);
-  return x;
-}
-
-__device__ __forceinline__ double quad_max(double x) {
-  x = fmax(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  x = fmax(x, __shfl_xor_sync(0xffffffffu, x, 2));
-  return x;
-}
-__device__ __forceinline__ double quad_sum(double x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  x += __shfl_xor_sync(0xffffffffu, x, 2);
-  return x;
-}
 // max that skips a NaN operand (fmaxf / fmax), for either accumulator type.
 __device__ __forceinline__ float max_skip_nan(float a, float b) { return fmaxf(a, b); }
 __device__ __forceinline__ double max_skip_nan(double a, double b) { return fmax(a, b); }
+
+// Butterfly reductions over the 4 lanes of a quad (the lanes that share an mma row), float or
+// double.
+template <class T>
+__device__ __forceinline__ T quad_max(T x) {
+  x = max_skip_nan(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  x = max_skip_nan(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  return x;
+}
+template <class T>
+__device__ __forceinline__ T quad_sum(T x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  x += __shfl_xor_sync(0xffffffffu, x, 2);
+  return x;
+}
 
 // Elements of a run-time dtype (the decode combine and the rotary/append kernels serve every
 // dtype from one instantiation).  Codes, as decode.py's _elem_code passes them: 0 float32,

@@ -23,6 +23,7 @@ from .errors import (
 from .flash_attention import FlashAttention
 from .kvcache import DecodeSteps, PagedKVCache
 from .merge import merge_attention_states
+from .precision import get_float32_precision, set_float32_precision
 
 __version__ = "0.1.0"
 
@@ -34,6 +35,8 @@ __all__ = [
     "PagedKVCache",
     "DecodeSteps",
     "merge_attention_states",
+    "set_float32_precision",
+    "get_float32_precision",
     "precompile",
     "FlashAttnError",
     "ArgumentError",

@@ -40,7 +40,7 @@ reads, see :func:`paged_operands`, so a decode step never pays for the whole poo
 float32 result is rounded into ``problem.out`` at the end.  The kernel therefore has exactly
 two compiled signatures (float32 and float64), one kernel serving contiguous and paged caches;
 it compiles lazily on first use (never at import) and is cached on disk (``cache=True``).
-``softmax_lse`` is float32.
+``softmax_lse`` is float32 (float64 for float64 inputs, computed in float64).
 """
 
 from __future__ import annotations
@@ -505,7 +505,7 @@ def run_attention(problem: AttentionProblem) -> None:
 
     # Rows no sequence covers read as 0 / +inf (the reference's convention).
     out = np.zeros((p.total_q, num_heads, head_dim), dtype=compute_dtype)
-    softmax_lse = np.full((num_heads, p.total_q), np.inf, dtype=np.float32)
+    softmax_lse = np.full((num_heads, p.total_q), np.inf, dtype=compute_dtype)  # float64 LSE of float64
     max_len_q = int(ranges.len_q.max()) if batch > 0 else 0
     num_m_blocks = (max_len_q + BLOCK_M - 1) // BLOCK_M
 

@@ -61,6 +61,13 @@ def _backend_run(xp, problem, plan):
     return _CUDA_BACKEND.run_attention(problem, plan)
 
 
+def lse_dtype(q_dtype) -> np.dtype:
+    """The dtype of ``softmax_lse``: float32 (flash-attn's) for every input dtype but float64,
+    whose LSE is float64 -- a float32 LSE would limit what ``merge_attention_states`` can do
+    with float64 partial outputs to ~1e-7, and the float64 kernels hold it in float64 anyway."""
+    return np.dtype(np.float64) if np.dtype(q_dtype) == np.float64 else np.dtype(np.float32)
+
+
 class _Call:
     """Fields common to every entry point.
 
@@ -99,17 +106,19 @@ class _Call:
         self.pointers_only = False
         self._lse_scratch: dict = {}  # stream -> LSE buffer nobody reads (see _lse_buffer)
 
-    def _lse_buffer(self, rows: int, keep: bool):
-        """Where the kernels write the LSE: a fresh array when the caller gets it (``keep``);
-        otherwise, when small, one scratch buffer per CUDA stream reused by every call (the
-        kernels write it and nothing reads it, so calls on one stream may share it)."""
+    def _lse_buffer(self, rows: int, keep: bool, q_dtype):
+        """Where the kernels write the LSE (:func:`lse_dtype` of q's dtype): a fresh array when
+        the caller gets it (``keep``); otherwise, when small, one scratch buffer per CUDA stream
+        and dtype reused by every call (the kernels write it and nothing reads it, so calls on
+        one stream may share it)."""
         xp = self.xp
-        if keep or xp is np or self.H * rows * 4 > LSE_SCRATCH_MAX_BYTES:
-            return xp.empty((self.H, rows), dtype=np.float32)
-        key = _stream_key()
+        dtype = lse_dtype(q_dtype)
+        if keep or xp is np or self.H * rows * dtype.itemsize > LSE_SCRATCH_MAX_BYTES:
+            return xp.empty((self.H, rows), dtype=dtype)
+        key = (_stream_key(), dtype)
         buf = self._lse_scratch.get(key)
         if buf is None:
-            buf = self._lse_scratch[key] = xp.empty((self.H, rows), dtype=np.float32)
+            buf = self._lse_scratch[key] = xp.empty((self.H, rows), dtype=dtype)
         return buf
 
     def _run_token_rows(self, q, k, v, out, lse, k_rows, **arrays):
@@ -175,7 +184,7 @@ class DenseCall(_Call):
 
     def execute(self, q, k, v, alibi_slopes, sinks, mm_prefix_ranges, out):
         keep_lse = self.return_lse or self.attn_probs
-        lse = self._lse_buffer(self.q_rows[0], keep_lse)
+        lse = self._lse_buffer(self.q_rows[0], keep_lse, q.dtype)
         result = self._run_token_rows(q, k, v, out, lse, self.k_rows,
                                       alibi_slopes=self._alibi(alibi_slopes), sinks=sinks,
                                       mm_prefix_ranges=mm_prefix_ranges)
@@ -198,7 +207,7 @@ class VarlenCall(_Call):
                 sinks, mm_prefix_ranges, out):
         xp = self.xp
         out_rows = xp.empty(q.shape, dtype=q.dtype) if out is None else out
-        lse = self._lse_buffer(q.shape[0], self.return_lse or self.attn_probs)
+        lse = self._lse_buffer(q.shape[0], self.return_lse or self.attn_probs, q.dtype)
         self._run(q=q, k=k, v=v, out=out_rows, softmax_lse=lse, cu_seqlens_q=cu_seqlens_q,
                   cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, block_table=block_table,
                   alibi_slopes=self._alibi(alibi_slopes), sinks=sinks,
@@ -246,7 +255,7 @@ class KVCacheCall(_Call):
                 cache_batch_idx=cache_batch_idx, block_table=block_table if self.paged else None,
                 plans=self.rope_plans, fp8_scales=self.fp8_scales,
             )
-        lse = self._lse_buffer(self.q_rows[0], self.return_lse)
+        lse = self._lse_buffer(self.q_rows[0], self.return_lse, q.dtype)
         result = self._run_token_rows(
             q, k_cache, v_cache, out, lse, self.k_cache_rows, seqused_k=seqlens,
             cache_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad, block_table=block_table,

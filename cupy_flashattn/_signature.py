@@ -40,9 +40,10 @@ def _ndarray_type():
     return _CUPY_NDARRAY
 
 
-#: The prefill kernel family a caller forced (``_cuda.launch.force_prefill_arch``; None: auto):
-#: part of every key, since a plan holds the kernel it chose.
-PLAN_VARIANT = [None]
+#: What else picks the kernel a plan holds, so part of every key: the prefill family a caller
+#: forced (``_cuda.launch.force_prefill_arch``; None: auto) and the float32 mode
+#: (``precision.set_float32_precision``).
+PLAN_VARIANT = [None, "highest"]
 
 
 def signature(arrays, scalars):
@@ -75,7 +76,7 @@ def signature(arrays, scalars):
     if _GET_DEVICE is None:
         return None
     sig.append(_GET_DEVICE())
-    sig.append(PLAN_VARIANT[0])
+    sig.append(tuple(PLAN_VARIANT))
     return tuple(sig)
 
 

@@ -24,7 +24,7 @@ Causal and local masks are aligned to the bottom-right corner.  With Sq = 2, Sk 
 Query ``i`` sees key ``j`` iff ``i + Sk - Sq - left <= j <= i + Sk - Sq + right``
 (``window_size=(left, right)``, -1 = unlimited; causal is ``right = 0``).
 
-``softmax_lse`` is float32 natural log, ``(B, H, Sq)`` dense / ``(H, total_q)`` varlen; a row that
+``softmax_lse`` is float32 (float64 for float64 inputs) natural log, ``(B, H, Sq)`` dense / ``(H, total_q)`` varlen; a row that
 sees no key has output 0 and LSE +inf.
 """
 
@@ -71,7 +71,7 @@ _SEMANTICS = """
         Logits: ``s = softmax_scale * q.k``; then ``softcap * tanh(s / softcap)`` if softcap > 0;
         then ``- slope[h] * |i + shift - j|`` with ALiBi (for plain causal calls flash-attn adds
         ``slope * j`` instead: same output, its LSE differs by a per-row constant).
-        softmax_lse: float32, natural log of the softmax denominator (after the max shift is
+        softmax_lse: float32 (float64 for float64 inputs), natural log of the softmax denominator (after the max shift is
         added back); +inf for a row that sees no key, whose output is exactly 0.
         Zero-size inputs are legal: no query row (B, Sq or total_q = 0; cu_seqlens = [0] for
         an empty varlen batch) returns zero-size results; k/v of no row (Sk = 0, total_k = 0,
@@ -79,8 +79,10 @@ _SEMANTICS = """
         launches a kernel.  A zero head count or head dim is an error.
         Backends: NumPy inputs run on the Numba CPU backend and return NumPy arrays; CuPy inputs
         (and torch/JAX GPU arrays, adopted zero-copy via DLPack) run the CUDA kernels on CuPy's
-        current stream and return CuPy arrays.  float32 inputs on the GPU are computed with
-        bfloat16 operands (fp32 accumulation and softmax) and returned as float32.
+        current stream and return CuPy arrays.  Every dtype keeps its precision: float32 on the
+        GPU runs at float32 accuracy (3xTF32 tensor cores) unless
+        :func:`set_float32_precision` asks for TF32 ("high") or bfloat16 operands ("medium");
+        float64 runs in float64 (DMMA tensor cores; head dims up to 128 on the GPU).
 """
 
 
@@ -193,8 +195,8 @@ def flash_attn_func(
     """Attention over a dense batch.
 
     Arguments:
-        q: ``(B, Sq, H, D)``; k, v: ``(B, Sk, Hk, D)``; float16, bfloat16 or float32
-            (float64 on the CPU backend).  ``H % Hk == 0``.
+        q: ``(B, Sq, H, D)``; k, v: ``(B, Sk, Hk, D)``; float16, bfloat16, float32 or
+            float64 (each computed at its own precision).  ``H % Hk == 0``.
         dropout_p: must be 0.0 (forward inference only).
         softmax_scale: defaults to ``1 / sqrt(D)``.
         causal, window_size: bottom-right aligned masks (see the module docstring).
@@ -218,7 +220,8 @@ def flash_attn_func(
             :mod:`cupy_flashattn.fp8`).
         deterministic: accepted for compatibility (the forward pass is deterministic).
         return_attn_probs: returns ``(out, softmax_lse, None)`` like flash-attn (no probs).
-        return_softmax_lse: returns ``(out, softmax_lse)``; LSE is ``(B, H, Sq)`` float32.
+        return_softmax_lse: returns ``(out, softmax_lse)``; LSE is ``(B, H, Sq)`` float32
+            (float64 for float64 inputs).
         out: optional preallocated output ``(B, Sq, H, D)``.
         check: run value checks that need a device sync (CuPy); default from
             ``CUPY_FLASHATTN_CHECK``.

@@ -31,7 +31,7 @@ from .validate import MAX_HEAD_DIM, gpu_head_dim, writable
 
 __all__ = ["PagedKVCache", "DecodeSteps"]
 
-#: Float dtypes a cache can hold (float64 only makes sense with the NumPy/CPU backend); an FP8
+#: Float dtypes a cache can hold (each attended at its own precision, on either backend); an FP8
 #: cache takes new tokens in any of them and quantizes them.
 _FLOAT_DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32), np.dtype(np.float64))
 #: Every cache dtype: the float ones and the float8 formats (FP8 caches with scales, fp8.py,
@@ -200,7 +200,7 @@ class PagedKVCache:
                           f"None with dtype {dtype_name(self._dtype)}",
                           "drop {name}, or make the cache with dtype='fp8'")
         # Refused here rather than at the first attention call, after the pools were filled.
-        gpu_head_dim(head_dim, self._xp is not np, "head_dim")
+        gpu_head_dim(head_dim, self._xp is not np, "head_dim", self._dtype)
         shape = (self._num_blocks, self._page_block_size, num_heads_k, head_dim)
         self.k_pages = self._xp.zeros(shape, dtype=self._dtype)
         self.v_pages = self._xp.zeros(shape, dtype=self._dtype)

@@ -38,13 +38,14 @@ from .errors import (
 #: up to MAX_GPU_HEAD_DIM (flash-attn's limit), the CPU backend takes any of them.
 MAX_HEAD_DIM = 512
 MAX_GPU_HEAD_DIM = 256
+MAX_GPU_HEAD_DIM_F64 = 128  # compile.PRECISE_HEAD_DIM_BUCKETS["f64"][-1]
 
 #: Largest window side: the kernels take it as a 32-bit int (as flash-attn's C++ does); any side
 #: longer than the longest sequence already means "unlimited", so nothing is lost.
 MAX_WINDOW = 2**31 - 1
 
-GPU_DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))
-CPU_DTYPES = GPU_DTYPES + (np.dtype(np.float64),)
+GPU_DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32), np.dtype(np.float64))
+CPU_DTYPES = GPU_DTYPES
 
 _ACCEPTED = "a NumPy array (CPU backend) or a CuPy array (CUDA backend; torch/JAX GPU arrays are adopted zero-copy via DLPack)"
 
@@ -123,8 +124,7 @@ def dtype_supported(name: str, a, xp):
         names = ", ".join(dtype_name(d) for d in allowed)
         raise explain(
             DTypeError, name, "unsupported dtype", f"one of {names}", dtype_name(a.dtype),
-            f"cast it, e.g. {name}.astype(numpy.float16)"
-            + ("" if xp is np else " (float64 runs only on the NumPy/CPU backend)"),
+            f"cast it, e.g. {name}.astype(numpy.float16)",
         )
 
 
@@ -253,11 +253,21 @@ def head_dims(q, k, v):
             f"1 <= head_dim <= {MAX_HEAD_DIM}", D,
             "split the head dim into several heads, or project to a smaller head dim",
         )
-    gpu_head_dim(D, not isinstance(q, np.ndarray), "q")
+    gpu_head_dim(D, not isinstance(q, np.ndarray), "q", q.dtype)
 
 
-def gpu_head_dim(D: int, on_gpu: bool, name: str):
-    """The CUDA kernels' head-dim limit (MAX_GPU_HEAD_DIM); the CPU backend goes to 512."""
+def gpu_head_dim(D: int, on_gpu: bool, name: str, dtype=None):
+    """The CUDA kernels' head-dim limit (MAX_GPU_HEAD_DIM; float64: MAX_GPU_HEAD_DIM_F64, its
+    accumulators would spill above); the CPU backend goes to 512."""
+    if on_gpu and dtype is not None and np.dtype(dtype) == np.float64 and D > MAX_GPU_HEAD_DIM_F64:
+        raise explain(
+            UnsupportedError, name,
+            f"float64 head dims above {MAX_GPU_HEAD_DIM_F64} run on the CPU backend only (the "
+            f"float64 CUDA kernel holds D doubles of output per thread and stops at {MAX_GPU_HEAD_DIM_F64})",
+            f"1 <= head_dim <= {MAX_GPU_HEAD_DIM_F64} for float64 CuPy arrays", D,
+            "use float32 on the GPU (float32 accuracy by default), NumPy arrays (the CPU "
+            f"backend), or split each head into heads of at most {MAX_GPU_HEAD_DIM_F64} dims",
+        )
     if on_gpu and D > MAX_GPU_HEAD_DIM:
         raise explain(
             UnsupportedError, name,

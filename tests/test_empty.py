@@ -80,7 +80,8 @@ def assert_empty(result, shape, dtype, *, lse_shape=None, out=None):
     caller's buffer when one was given."""
     if lse_shape is not None:
         result, lse = result
-        assert tuple(lse.shape) == tuple(lse_shape) and np.dtype(lse.dtype) == F32
+        # float64 inputs get a float64 LSE, every other dtype float32.
+        assert tuple(lse.shape) == tuple(lse_shape) and np.dtype(lse.dtype) == (F64 if np.dtype(dtype) == F64 else F32)
     assert tuple(result.shape) == tuple(shape) and np.dtype(result.dtype) == np.dtype(dtype)
     assert result.size == 0
     if out is not None:
@@ -89,12 +90,13 @@ def assert_empty(result, shape, dtype, *, lse_shape=None, out=None):
 
 def assert_no_key(out, lse=None):
     """Every row saw no key: out is exactly 0 (no NaN left from the poison) and LSE +inf."""
+    lse_dtype = F64 if np.dtype(out.dtype) == F64 else F32  # float64 inputs: float64 LSE
     out = to_np(out).astype(np.float64)
     assert out.size and not np.isnan(out).any(), "an out element was not written"
     np.testing.assert_array_equal(out, 0.0)
     if lse is not None:
         lse = to_np(lse)
-        assert lse.size and np.dtype(lse.dtype) == F32
+        assert lse.size and np.dtype(lse.dtype) == lse_dtype
         np.testing.assert_array_equal(lse, np.inf)
 
 

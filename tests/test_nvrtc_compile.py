@@ -23,12 +23,13 @@ from cupy_flashattn._cuda import compile as cc  # noqa: E402
 ARCHS = (80, 90)
 KEYS = cc.shipped_keys()
 SM90_KEYS = cc.shipped_keys("sm90")
+PRECISE_KEYS = cc.shipped_precise_keys()
 
 
 @functools.cache
 def _group(arch, family: str, dtype: str, head_dim: int):
-    keys = [k for k in (SM90_KEYS if family == "sm90" else KEYS)
-            if k.dtype == dtype and k.head_dim == head_dim]
+    pool = {"sm90": SM90_KEYS, "precise": PRECISE_KEYS}.get(family, KEYS)
+    keys = [k for k in pool if k.dtype == dtype and k.head_dim == head_dim]
     cubin, log = cc.compile_for_arch(keys, arch)
     assert cubin, "NVRTC returned no cubin"
     return cc.parse_ptxas_log(log), log
@@ -82,6 +83,20 @@ def test_kernel_compiles_without_spills(arch, key):
     )
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("key", PRECISE_KEYS, ids=str)
+def test_precise_kernel_compiles_without_spills_or_local_memory(arch, key):
+    """The float32 / float64 kernels (sm80/flash_fwd_precise.cu) sit at the register cap: no
+    spill, and no stack frame either (a register array indexed at run time would live there)."""
+    info = _group(arch, "precise", key.dtype, key.head_dim)[0].get(key.name)
+    assert info is not None, f"{key.name}: no ptxas -v record for sm_{arch}"
+    assert info["spill_stores"] == 0 and info["spill_loads"] == 0 and info["stack"] == 0, (
+        f"{key.name} sm_{arch}: {info['spill_stores']} bytes spill stores, {info['spill_loads']} "
+        f"bytes spill loads, {info['stack']} bytes stack (sm80/kernel_traits_precise.cuh)")
+    tr = cc.traits(key.head_dim, "sm80", key.dtype)
+    assert info["registers"] <= tr.register_budget
+
+
 def test_source_inlines_every_header():
     from cupy_flashattn._cuda import source
 
@@ -94,7 +109,7 @@ def test_source_inlines_every_header():
 
 
 def test_kernel_names_are_flat_and_unique():
-    names = [k.name for k in KEYS + SM90_KEYS]
+    names = [k.name for k in KEYS + SM90_KEYS + PRECISE_KEYS]
     assert len(set(names)) == len(names)
     assert all(n.replace("_", "").isalnum() for n in names)
 

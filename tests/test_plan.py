@@ -4,6 +4,8 @@ kernels run, their grids, blocks, shared memory and split counts.  The plans tha
 ``select_kernel``, ``prefill_grid``, ``decode.plan``); these tests pin the decisions."""
 
 import numpy as np
+
+import cupy_flashattn
 import pytest
 
 from helpers import require_nvrtc
@@ -57,7 +59,17 @@ def test_prefill_grid_block_and_shared_memory_come_from_the_tile_table():
     p = _problem(B=4, max_q=1000, max_k=1000, H=16, Hk=16, D=80, dtype=np.float32)
     assert route(p) == ("prefill", None)
     (launch,) = describe_launches(p, device_cc=80)
-    tr = cc.traits(96)  # D = 80 runs in the 96 bucket; float32 on bf16 kernels
+    # D = 80 runs in the 96 bucket; float32 on the float32 (3xTF32) kernel and its tile table.
+    tr = cc.traits(96, "sm80", "f32")
+    assert launch["kernel"] == "fa_fwd_f32_d96" and launch["arch"] == "sm80"
+    assert launch["grid"] == (-(-1000 // tr.block_m), 16, 4)
+    assert launch["block"] == (tr.num_threads,) and launch["smem"] == tr.smem_bytes
+    cupy_flashattn.set_float32_precision("medium")  # float32 on the bf16 kernels
+    try:
+        (launch,) = describe_launches(p, device_cc=80)
+    finally:
+        cupy_flashattn.set_float32_precision("highest")
+    tr = cc.traits(96)
     assert launch["kernel"] == "fa_fwd_bf16_d96" and launch["arch"] == "sm80"
     assert launch["grid"] == (-(-1000 // tr.block_m), 16, 4)
     assert launch["block"] == (tr.num_threads,) and launch["smem"] == tr.smem_bytes
@@ -102,15 +114,38 @@ def test_kernel_keys_name_their_family_and_build_from_its_directory():
     assert 'cuda_src/sm80/flash_fwd.cu"' in cc.kernel_source([key])
 
 
+def test_float32_and_float64_run_the_precise_kernel_on_every_device():
+    """float32 (default "highest" precision) and float64 go to the mma.sync float32 / float64
+    kernel on 8.x and 9.0 alike, for every query length (no decode kernel); "high" picks its
+    TF32 instantiation, "medium" the bf16 kernels of the device's family."""
+    for dtype, tag in ((np.float32, "f32"), (np.float64, "f64")):
+        for cc_ in (80, 90):
+            for max_q in (1, 1000):
+                p = _problem(B=2, max_q=max_q, max_k=700, H=8, Hk=2, D=64, dtype=dtype)
+                assert route(p) == ("prefill", None)
+                (launch_,) = describe_launches(p, sm_count=H100_SMS, device_cc=cc_)
+                tr = cc.traits(64, "sm80", tag)
+                assert launch_["kernel"] == f"fa_fwd_{tag}_d64" and launch_["arch"] == "sm80"
+                assert launch_["grid"] == (-(-max_q // tr.block_m), 8, 2) and launch_["smem"] == tr.smem_bytes
+    p = _problem(B=2, max_q=1000, max_k=700, H=8, Hk=2, D=64, dtype=np.float32)
+    try:
+        cupy_flashattn.set_float32_precision("high")
+        assert describe_launches(p, device_cc=90)[0]["kernel"] == "fa_fwd_tf32_d64"
+        cupy_flashattn.set_float32_precision("medium")
+        assert describe_launches(p, device_cc=90)[0]["kernel"] == "fa_fwd_sm90_bf16_d64"
+    finally:
+        cupy_flashattn.set_float32_precision("highest")
+
+
 def test_a_9_0_device_runs_prefill_on_the_hopper_family():
     """Compute capability 9.0 picks the sm90 family (its own buckets: D = 80 -> 128); decode
     stays sm80; forcing works both ways."""
     from cupy_flashattn._cuda import launch
 
-    p = _problem(B=4, max_q=1000, max_k=1000, H=16, Hk=16, D=80, dtype=np.float32)
+    p = _problem(B=4, max_q=1000, max_k=1000, H=16, Hk=16, D=80, dtype=np.float16)
     (launch_,) = describe_launches(p, device_cc=90)
     tr = cc.traits(128, "sm90")
-    assert launch_["kernel"] == "fa_fwd_sm90_bf16_d128" and launch_["arch"] == "sm90"
+    assert launch_["kernel"] == "fa_fwd_sm90_f16_d128" and launch_["arch"] == "sm90"
     # Persistent: 8 query tiles x 16 heads x 4 sequences = 512 tiles on one CTA per SM.
     assert launch_["grid"] == (H100_SMS, 1, 1) and tr.block_m == 128
     small = _problem(B=1, max_q=200, max_k=200, H=4, Hk=4, D=128)

@@ -3,7 +3,8 @@
 A refactor of ``cuda_src/`` that only moves code (headers split, helpers relocated, comments,
 dead code removed) must leave the generated cubins byte-identical -- and then the GPU runs the
 same instructions as before, which a CPU-only machine can prove.  Prints one line per module
-(prefill: all shipped keys in one module per arch; decode; combine; rope/append) with the
+(prefill: all shipped keys in one module per arch, and one per float32 / float64 element type;
+decode; combine; rope/append) with the
 SHA-256 of its cubin.  NVRTC_OPTIONS carry no -lineinfo, so source positions do not enter the
 cubin.
 
@@ -32,6 +33,8 @@ def modules(arch):
         yield "prefill sm90(all shipped keys)", cc.kernel_source(cc.shipped_keys("sm90"))
         return
     yield "prefill(all shipped keys)", cc.kernel_source(list(cc.shipped_keys()))
+    for dt in cc.PRECISE_DTYPES:  # the float32 / float64 kernel, one module per element type
+        yield f"prefill {dt}(all buckets)", cc.kernel_source(cc.shipped_precise_keys((dt,)))
     keys = [dc.DecodeKey(dt, b) for dt in ("f16", "bf16") for b in dc.DECODE_BUCKETS]
     yield "decode(all buckets)", dc.decode_source(keys, combine=False)
     yield "combine", dc.decode_source([], combine=True)

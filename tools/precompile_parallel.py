@@ -1,4 +1,4 @@
-"""Compile (and load) every shipped kernel on the current GPU with parallel NVRTC processes, so
+"""Compile (and load) every shipped kernel (16-bit families and the float32 / float64 one) on the current GPU with parallel NVRTC processes, so
 that a device run's tests and benchmarks start with a warm kernel cache ($CUPY_CACHE_DIR).
 Used by tools/device_quick.sh and tools/device_verify.sh.
 
@@ -42,8 +42,8 @@ def main(argv=None):
     with ProcessPoolExecutor(args.jobs) as ex:
         # Asked in a worker: CUDA initialised in this process would break the forked workers.
         archs = ["sm80", "sm90"] if ex.submit(_device_cc).result() == 90 else ["sm80"]
-        keys = [(k.dtype, k.head_dim, k.transform, k.paged, k.arch)
-                for a in archs for k in cc.shipped_keys(a)]
+        shipped = [k for a in archs for k in cc.shipped_keys(a)] + cc.shipped_precise_keys()
+        keys = [(k.dtype, k.head_dim, k.transform, k.paged, k.arch) for k in shipped]
         futures = [ex.submit(_prefill, k) for k in keys]
         n = ex.submit(_decode, 0).result()
         for f in futures:

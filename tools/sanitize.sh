@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # compute-sanitizer memcheck, racecheck, initcheck and synccheck over tools/sanitize_cases.py,
 # which runs every CUDA kernel once at tiny sizes (prefill dense/varlen/paged in fp16/bf16 at
-# D = 64 and 128, plain and softcap+ALiBi; decode with and without split-KV (combine);
+# D = 64 and 128, plain and softcap+ALiBi, and the float32 / float64 kernel; decode with and without split-KV (combine);
 # rotary/append contiguous and paged; PagedKVCache; merge_attention_states; absent page ids).
 #
 # Usage, on the GPU machine, from anywhere (it cd's to the repo root):

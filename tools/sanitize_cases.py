@@ -1,7 +1,7 @@
 """Every CUDA kernel of cupy_flashattn once, at tiny sizes, for compute-sanitizer
 (``tools/sanitize.sh`` runs it under memcheck, racecheck, initcheck and synccheck).
 
-Covered (22 kernels): the prefill kernel dense / varlen / paged, float16 and bfloat16, head-dim
+Covered (22 kernels, plus the float32 / float64 prefill): the prefill kernel dense / varlen / paged, float16 and bfloat16, head-dim
 buckets 64 and 128, plain (causal, local window) and transform (softcap + ALiBi) instantiations;
 page sizes 16 and 48 with partial last pages and junk pages; the decode kernel (4
 instantiations) with and without split-KV (so the combine kernel runs), contiguous and paged;
@@ -48,6 +48,7 @@ from cupy_flashattn.rotary import apply_rotary  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
+F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
 xp = None  # cupy, or numpy with --cpu
 
 
@@ -333,6 +334,14 @@ def cases():
         ("merge_attention_states varlen bfloat16", lambda r: merge(r, BF16, dense=False)),
         ("merge_attention_states dense float16", lambda r: merge(r, F16, dense=True)),
         ("absent page ids (check=False) bfloat16-d128", lambda r: absent_pages(r)),
+        # The float32 / float64 kernel (sm80/flash_fwd_precise.cu): its own tiles and swizzles.
+        ("prefill dense float32-d128 causal (3xTF32)", lambda r: prefill_dense(r, F32, 128, "causal")),
+        ("prefill dense long float32-d64 softcap_alibi",
+         lambda r: prefill_dense(r, F32, 64, "softcap_alibi", long=True)),
+        ("prefill paged P=16 float32-d128 causal", lambda r: prefill_varlen(r, F32, 128, "causal", 16)),
+        ("prefill varlen float64-d64 local", lambda r: prefill_varlen(r, F64, 64, "local")),
+        ("prefill paged P=48 float64-d128 softcap_alibi",
+         lambda r: prefill_varlen(r, F64, 128, "softcap_alibi", 48)),
     ]
     return out
 

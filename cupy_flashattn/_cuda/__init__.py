@@ -4,7 +4,9 @@
 decode kernel (``decode.py``, ``flash_decode.cu``) when the packed query rows of one kv head are
 few (``decode.decode_applies``: ``max_seqlen_q * H / Hk <= 16``, or at most min(4, H / Hk)
 16-row tiles) -- flash_attn_with_kvcache decode steps and varlen/paged batches whose longest
-query is short -- and through the prefill kernel (``launch.py``) otherwise.  ``is_available()``
+query is short -- and through the prefill kernel (``launch.py``) otherwise.  float32 (at the
+default "highest" precision) and float64 always run the precise prefill kernel
+(``sm80/flash_fwd_precise.cu``), whatever the query length.  ``is_available()``
 says whether a usable (sm_80+) GPU is present; ``precompile(...)`` compiles kernels ahead of
 time.  Compiled kernels are cached on disk by CuPy in ``$CUPY_CACHE_DIR``
 (default ``~/.cupy/kernel_cache``).
@@ -53,6 +55,10 @@ def route(problem):
     ``("mixed", limit)`` for a varlen batch whose sequences of at most ``limit`` queries go to
     the decode kernel and the rest to prefill (:func:`mixed_split`); else ``("prefill", None)``.
     The one place this choice is made (plans and :func:`describe_launches` both ask it)."""
+    from .compile import is_precise, kernel_dtype_tag
+
+    if is_precise(kernel_dtype_tag(problem.q.dtype)):
+        return "prefill", None  # float32 / float64: one kernel for every query length
     if decode_applies(problem):
         return "decode", None
     limit = mixed_split(problem)
@@ -93,7 +99,7 @@ def describe_launches(problem, sm_count=None, arch=None, device_cc=None) -> tupl
                         len_q=(1, limit) if limit is not None else (1, None)))
     if kind in ("prefill", "mixed"):
         key = select_kernel(problem, arch=arch, device_cc=device_cc)
-        tr = traits(key.head_dim, key.arch)
+        tr = traits(key.head_dim, key.arch, key.dtype)
         if key.arch == "sm90" and sm_count is None and device_cc is not None:
             sm_count = 132  # described for a 9.0 device without one: an H100 / H200 SXM
         grid = launch_grid(problem, tr, key.arch, sm_count=sm_count)

@@ -17,8 +17,13 @@ def bf16_dtype() -> np.dtype:
 
 
 def compute_dtype(kernel_tag: str) -> np.dtype:
-    """The operand dtype of a kernel element type ("f16" / "bf16"): what q/k/v/out are cast
-    to when the caller's arrays are of another dtype (float32 runs on bf16 kernels)."""
+    """The operand dtype of a kernel element type: what q/k/v/out are cast to when the
+    caller's arrays are of another dtype (float32 on "bf16" kernels: set_float32_precision
+    "medium").  "f32" / "tf32" read float32, "f64" float64."""
+    if kernel_tag in ("f32", "tf32"):
+        return np.dtype(np.float32)
+    if kernel_tag == "f64":
+        return np.dtype(np.float64)
     return np.dtype(np.float16) if kernel_tag == "f16" else bf16_dtype()
 
 
@@ -100,9 +105,9 @@ class Operands:
         if d8 != d or out.dtype != compute_dtype or not aligned(out):
             o = cupy.empty(out.shape[:-1] + (d8,), dtype=compute_dtype)
         lse = p.softmax_lse
-        self.lse_is_temporary = lse.ndim != 2 or lse.strides[-1] != 4
+        self.lse_is_temporary = lse.ndim != 2 or lse.strides[-1] != lse.itemsize
         if self.lse_is_temporary:
-            lse = cupy.empty((p.num_heads, p.total_q), dtype=np.float32)
+            lse = cupy.empty((p.num_heads, p.total_q), dtype=lse.dtype)
         self.q, self.k, self.v, self.o, self.lse = q, k, v, o, lse
 
     @property
@@ -138,7 +143,7 @@ class Operands:
             q_row_stride=elem_stride(q, 0), q_head_stride=elem_stride(q, 1),
             k_row_stride=k_row, k_head_stride=k_head, k_page_stride=k_page,
             o_row_stride=elem_stride(o, 0), o_head_stride=elem_stride(o, 1),
-            lse_head_stride=lse.strides[0] // 4,
+            lse_head_stride=lse.strides[0] // lse.itemsize,
             alibi_batch_stride=a_b, alibi_head_stride=a_h, table_batch_stride=table_stride,
             batch=p.batch_size, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
             total_q=p.total_q, k_rows=k.shape[0], num_heads=H, h_per_kv=H // Hk,

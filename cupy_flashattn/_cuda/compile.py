@@ -51,6 +51,17 @@ HEAD_DIM_BUCKETS = (32, 64, 96, 128, 160, 192, 256)
 #: The Hopper family's buckets: whole 64-column (128-byte) swizzle blocks (sm90/wgmma.cuh).
 SM90_HEAD_DIM_BUCKETS = (64, 128, 192, 256)
 DTYPES = ("f16", "bf16")
+#: Element types of the float32 / float64 prefill (``sm80/flash_fwd_precise.cu``, mma.sync on any
+#: GPU >= 8.0): "f32" float32 on 3xTF32 (float32 accuracy, the default for float32 inputs),
+#: "tf32" float32 on plain TF32 (``set_float32_precision("high")``), "f64" float64 on DMMA.
+PRECISE_DTYPES = ("f32", "tf32", "f64")
+#: Head-dim buckets of the precise kernels: float64 stops at 128 (its O accumulators, D
+#: doubles per thread, would spill above; sm80/kernel_traits.cuh).
+PRECISE_HEAD_DIM_BUCKETS = {"f32": (32, 64, 96, 128, 160, 192, 256), "tf32": (32, 64, 96, 128, 160, 192, 256),
+                            "f64": (32, 64, 96, 128)}
+#: The C++ (element type, mma policy) of each precise element type.
+_PRECISE_CXX = {"f32": ("float", "fa::Tf32<3>"), "tf32": ("float", "fa::Tf32<1>"),
+                "f64": ("double", "fa::F64")}
 NVRTC_OPTIONS = ("--std=c++17",)
 
 # The flat kernel arguments, in fa::FwdParams field order: (C type, name).  launch.py packs
@@ -113,8 +124,15 @@ ARCHS = ("sm80", "sm90")
 NVRTC_TARGET = {"sm80": None, "sm90": "90a"}
 
 
-def head_dim_buckets(arch: str = "sm80") -> tuple:
+def head_dim_buckets(arch: str = "sm80", dtype: str = "bf16") -> tuple:
+    if dtype in PRECISE_DTYPES:
+        return PRECISE_HEAD_DIM_BUCKETS[dtype]
     return SM90_HEAD_DIM_BUCKETS if arch == "sm90" else HEAD_DIM_BUCKETS
+
+
+def is_precise(dtype_tag: str) -> bool:
+    """True for the element types of the float32 / float64 kernel (PRECISE_DTYPES)."""
+    return dtype_tag in PRECISE_DTYPES
 
 
 #: Instantiations the sm90 family does not ship, as (head_dim, transform, paged): the dispatch
@@ -138,7 +156,7 @@ class KernelKey:
     are run-time arguments of every kernel (they cost nothing on tiles they do not touch).
     arch: the kernel family (ARCHS), i.e. which ``cuda_src/<arch>/flash_fwd.cu`` it is built from."""
 
-    dtype: str  # "f16" | "bf16"
+    dtype: str  # "f16" | "bf16" | PRECISE_DTYPES (sm80 only)
     head_dim: int  # bucket, one of HEAD_DIM_BUCKETS
     transform: bool = False
     paged: bool = False
@@ -147,9 +165,11 @@ class KernelKey:
     def __post_init__(self):
         if self.arch not in ARCHS:
             raise ValueError(f"KernelKey.arch must be one of {ARCHS}, got {self.arch!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"KernelKey.dtype must be one of {DTYPES}, got {self.dtype!r}")
-        buckets = head_dim_buckets(self.arch)
+        if self.dtype not in DTYPES + PRECISE_DTYPES:
+            raise ValueError(f"KernelKey.dtype must be one of {DTYPES + PRECISE_DTYPES}, got {self.dtype!r}")
+        if self.dtype in PRECISE_DTYPES and self.arch != "sm80":
+            raise ValueError(f"KernelKey: the {self.dtype} kernels are sm80 (mma.sync) only, got {self.arch!r}")
+        buckets = head_dim_buckets(self.arch, self.dtype)
         if self.head_dim not in buckets:
             raise ValueError(
                 f"KernelKey.head_dim must be one of {buckets} for {self.arch}, got {self.head_dim!r}"
@@ -220,8 +240,9 @@ def _env_overrides(text: str) -> dict:
 
 @functools.cache
 def _trait_table(arch: str = "sm80") -> dict:
-    """bucket -> Traits of ``fa::FwdTraits<bucket>`` (sm80) or ``fa::Sm90FwdTraits<bucket>``
-    (sm90), as the compiler evaluates them."""
+    """bucket -> Traits of ``fa::FwdTraits<bucket>`` (sm80), ``fa::Sm90FwdTraits<bucket>``
+    (sm90) or ``fa::PreciseFwdTraits<float|double, bucket>`` ("f32" / "f64"), as the compiler
+    evaluates them."""
     from .device_facts import prefill_facts
 
     table = {}
@@ -232,7 +253,9 @@ def _trait_table(arch: str = "sm80") -> dict:
     return table
 
 
-def traits(head_dim_bucket: int, arch: str = "sm80") -> Traits:
+def traits(head_dim_bucket: int, arch: str = "sm80", dtype: str = "bf16") -> Traits:
+    if dtype in PRECISE_DTYPES:
+        return _trait_table("f64" if dtype == "f64" else "f32")[head_dim_bucket]
     if arch == "sm90":  # tuning overrides are an sm80 (FwdTraitsBase) facility
         return _trait_table("sm90")[head_dim_bucket]
     return _OVERRIDES.get(head_dim_bucket) or _trait_table()[head_dim_bucket]
@@ -263,28 +286,53 @@ def shipped_keys(arch: str = "sm80") -> list:
     ]
 
 
+def shipped_precise_keys(dtypes: Sequence[str] = PRECISE_DTYPES) -> list:
+    """Every instantiation of the float32 / float64 kernel (a module of its own source)."""
+    return [KernelKey(dt, d, tf, pg) for dt in dtypes for d in PRECISE_HEAD_DIM_BUCKETS[dt]
+            for tf in (False, True) for pg in (False, True)]
+
+
 #: The forward entry points' one argument (see packing.py): PARAMS as a struct.
 FWD_ARGS = ArgPack("fa_fwd_args", PARAMS)
 #: The sm90 entry points' argument: the TMA maps of q, k, v, then FWD_ARGS (tma.py).
 SM90_ARGS = TmaArgPack("fa_fwd_sm90_args", FWD_ARGS)
+#: The precise entry points' argument: FWD_ARGS plus the float64 scale and softcap
+#: (``fa::PreciseScalars``; FwdParams holds them rounded to float32).
+PRECISE_SCALARS = (("double", "softmax_scale_f64"), ("double", "softcap_f64"))
+PRECISE_ARGS = ArgPack("fa_fwd_precise_args", PARAMS + PRECISE_SCALARS)
 
 
 def _wrapper(key: KernelKey) -> str:
     if key.arch == "sm90":
         return _wrapper_sm90(key)
+    b = lambda x: "true" if x else "false"  # noqa: E731
+    flags = f"{b(key.transform)}, {b(key.paged)}"
+    if key.dtype in PRECISE_DTYPES:
+        elem, mma = _PRECISE_CXX[key.dtype]
+        tr_cxx = f"fa::PreciseFwdTraits<{elem}, {key.head_dim}>"
+        return _mma_sync_entry(
+            key, traits(key.head_dim, key.arch, key.dtype), tr_cxx, "fa_fwd_precise_args",
+            "  const fa::PreciseScalars x{a.softmax_scale_f64, a.softcap_f64};\n"
+            f"  fa::flash_fwd_precise<{tr_cxx}, {mma}, {flags}>(p, x);")
     t = traits(key.head_dim)
     elem = "fa::Bf16" if key.dtype == "bf16" else "fa::F16"
     tr_cxx = t.cxx if key.head_dim in _OVERRIDES else f"fa::FwdTraits<{key.head_dim}>"
-    b = lambda x: "true" if x else "false"  # noqa: E731
+    return _mma_sync_entry(key, t, tr_cxx, "fa_fwd_args",
+                           f"  fa::flash_fwd<{tr_cxx}, {elem}, {flags}>(p);")
+
+
+def _mma_sync_entry(key: KernelKey, t: Traits, tr_cxx: str, struct: str, call: str) -> str:
+    """An sm80-family entry point: the launch-geometry check, then FwdParams from the packed
+    struct ``struct`` (FWD_ARGS' fields first) and ``call``."""
     return f"""
 static_assert({tr_cxx}::kNThreads == {t.num_threads} && {tr_cxx}::kSmemBytes == {t.smem_bytes} &&
               {tr_cxx}::kMinBlocksPerSm == {t.min_blocks_per_sm},
-              "{key.name}: the host's launch geometry differs from kernel_traits.cuh");
+              "{key.name}: the host's launch geometry differs from the tile table");
 extern "C" __global__ void __launch_bounds__({t.num_threads}, {t.min_blocks_per_sm}) {key.name}(
-    const fa_fwd_args a) {{
+    const {struct} a) {{
   fa::FwdParams p;
 {FWD_ARGS.assign("p")}
-  fa::flash_fwd<{tr_cxx}, {elem}, {b(key.transform)}, {b(key.paged)}>(p);
+{call}
 }}
 """
 
@@ -317,6 +365,12 @@ def kernel_source(keys: Union[KernelKey, Iterable[KernelKey]]) -> str:
     if len(archs) != 1:
         raise ValueError(f"one module per kernel family; got keys of {sorted(archs)}")
     arch = archs.pop()
+    precise = {k.dtype in PRECISE_DTYPES for k in keys}
+    if len(precise) > 1:
+        raise ValueError("one module per kernel source: float32/float64 keys and 16-bit keys apart")
+    if precise == {True}:
+        return (build_source("sm80/flash_fwd_precise.cu") + '#line 1 "<generated entry points>"\n'
+                + FWD_ARGS.c_struct() + PRECISE_ARGS.c_struct() + "".join(_wrapper(k) for k in keys))
     structs = FWD_ARGS.c_struct() + (SM90_ARGS.c_struct() if arch == "sm90" else "")
     return (build_source(f"{arch}/flash_fwd.cu") + '#line 1 "<generated entry points>"\n'
             + structs + "".join(_wrapper(k) for k in keys))
@@ -331,6 +385,9 @@ def get_kernel(key: KernelKey):
         smem = traits(key.head_dim, "sm90").smem_bytes
         return load_function(("fwd", key), lambda: kernel_source(key), key.name, smem,
                              target=NVRTC_TARGET["sm90"])
+    if key.dtype in PRECISE_DTYPES:
+        smem = traits(key.head_dim, key.arch, key.dtype).smem_bytes
+        return load_function(("fwd", key), lambda: kernel_source(key), key.name, smem)
     override = _OVERRIDES.get(key.head_dim)
     smem = (override or traits(key.head_dim)).smem_bytes
     return load_function(("fwd", key, override), lambda: kernel_source(key), key.name, smem)
@@ -419,31 +476,39 @@ def precompile(
 ) -> list:
     """Compile (and load) a chosen set of kernels ahead of time; returns their names.
 
-    dtypes: "f16"/"bf16" (or NumPy dtypes: float16, bfloat16, float32 -> bf16);
+    dtypes: kernel element types ("f16", "bf16", "f32", "tf32", "f64") or NumPy dtypes
+    (float32 maps through the current float32 precision, see kernel_dtype_tag);
     head_dims: any head dims (mapped to their bucket); features: dicts of KernelKey flags, e.g.
     ``({}, {"paged": True}, {"transform": True})``.
     """
     names = []
     for dt, d, f in itertools.product(dtypes, head_dims, features):
-        key = KernelKey(kernel_dtype_tag(dt), bucket_for(d), **f)
+        tag = kernel_dtype_tag(dt)
+        key = KernelKey(tag, bucket_for(d, head_dim_buckets("sm80", tag)), **f)
         get_kernel(key)
         names.append(key.name)
     return names
 
 
 def kernel_dtype_tag(dtype) -> str:
-    """The kernel element type serving ``dtype``: "f16" for float16; "bf16" for bfloat16 and
-    for float32 (computed with bf16 operands and fp32 accumulation).  Tags pass through.  The
-    one place this mapping is written (prefill and decode keys, precompile)."""
-    if isinstance(dtype, str) and dtype in DTYPES:
+    """The kernel element type serving ``dtype``: "f16" for float16, "bf16" for bfloat16,
+    "f64" for float64, and for float32 what :func:`cupy_flashattn.set_float32_precision` says:
+    "f32" (3xTF32, float32 accuracy; the default), "tf32" or "bf16" (bf16 operands, fp32
+    accumulation).  Tags pass through.  The one place this mapping is written (prefill and
+    decode keys, precompile)."""
+    if isinstance(dtype, str) and dtype in DTYPES + PRECISE_DTYPES:
         return dtype
     import numpy as np
 
     name = np.dtype(dtype).name
-    tag = {"float16": "f16", "bfloat16": "bf16", "float32": "bf16"}.get(name)
+    if name == "float32":
+        from ..precision import float32_kernel_dtype
+
+        return float32_kernel_dtype()
+    tag = {"float16": "f16", "bfloat16": "bf16", "float64": "f64"}.get(name)
     if tag is None:
         raise TypeError(f"q: dtype {name} is not supported by the CUDA kernels (expected "
-                        "float16, bfloat16 or float32)")
+                        "float16, bfloat16, float32 or float64)")
     return tag
 
 

@@ -2,7 +2,8 @@
 
 The host sizes grids, dynamic shared memory and register budgets from the tile configuration of
 each kernel: ``fa::FwdTraits<D>`` in ``kernel_traits.cuh`` (prefill) and ``fa::DecodeTraits<D>``
-/ ``fa::DecodeSmem<D>`` in ``flash_decode.cu`` (decode).  Those headers are the one table (with
+/ ``fa::DecodeSmem<D>`` in ``flash_decode.cu`` (decode); ``fa::PreciseFwdTraits<T, D>`` (the
+float32 / float64 prefill).  Those headers are the one table (with
 the measured reason for every entry).  Instead of parsing C++ or copying its formulas, a tiny
 translation unit evaluates the constexprs into an array::
 
@@ -107,7 +108,16 @@ def _all_facts() -> dict:
     vals = _evaluate(build_source("sm90/kernel_traits.cuh"), exprs)
     prefill_sm90 = {d: dict(zip(PREFILL_FACTS, vals[i * n:(i + 1) * n]))
                     for i, d in enumerate(SM90_HEAD_DIM_BUCKETS)}
-    facts = {"prefill": prefill, "prefill_sm90": prefill_sm90, "decode": decode}
+    from .compile import PRECISE_HEAD_DIM_BUCKETS
+
+    precise = {}
+    for tag, cxx in (("f32", "float"), ("f64", "double")):
+        buckets = PRECISE_HEAD_DIM_BUCKETS[tag]
+        exprs = [f"fa::PreciseFwdTraits<{cxx}, {d}>::{f}" for d in buckets for f in PREFILL_FACTS]
+        vals = _evaluate(build_source("sm80/kernel_traits_precise.cuh"), exprs)
+        precise[f"prefill_{tag}"] = {d: dict(zip(PREFILL_FACTS, vals[i * n:(i + 1) * n]))
+                                     for i, d in enumerate(buckets)}
+    facts = {"prefill": prefill, "prefill_sm90": prefill_sm90, "decode": decode, **precise}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -119,9 +129,11 @@ def _all_facts() -> dict:
 
 
 def prefill_facts(arch: str = "sm80") -> dict:
-    """head-dim bucket -> {PREFILL_FACTS name: value} of ``fa::FwdTraits<bucket>`` (sm80) or
-    ``fa::Sm90FwdTraits<bucket>`` (sm90)."""
-    return _all_facts()["prefill_sm90" if arch == "sm90" else "prefill"]
+    """head-dim bucket -> {PREFILL_FACTS name: value} of ``fa::FwdTraits<bucket>`` (sm80),
+    ``fa::Sm90FwdTraits<bucket>`` (sm90) or ``fa::PreciseFwdTraits<float|double, bucket>``
+    ("f32" / "f64")."""
+    table = {"sm90": "prefill_sm90", "f32": "prefill_f32", "f64": "prefill_f64"}
+    return _all_facts()[table.get(arch, "prefill")]
 
 
 def decode_facts() -> dict:

@@ -8,10 +8,10 @@ Adaptations made before the launch (each costs a copy, and only when needed):
   * head dims that are not a multiple of 8 (e.g. 59): q/k/v are zero-padded to the next
     multiple of 8 and the output sliced back -- zero columns change neither Q K^T nor the
     kept part of P V.  Paged caches are padded whole, so prefer D % 8 == 0 for large caches;
-  * float32 inputs: cast to bfloat16 (not float16: bf16 has float32's exponent range, so large
-    activations cannot overflow to inf), computed with fp32 accumulation and softmax, and the
-    output cast back to float32.  Precision is therefore that of bf16 inputs (~3 significant
-    digits), not of float32;
+  * float32 inputs run on the float32 kernel (3xTF32, float32 accuracy) by default, float64 on
+    the float64 one (``sm80/flash_fwd_precise.cu``, both mma.sync, on every GPU); only with
+    ``set_float32_precision("medium")`` is float32 cast to bfloat16 (not float16: bf16 has
+    float32's exponent range), computed with fp32 accumulation and cast back;
   * q / out / k / v whose row or head strides are not multiples of 8 elements (16 bytes, as
     cp.async and the vector stores need), or k and v with different strides, are copied to
     contiguous arrays (out: written to a temporary, then copied back).
@@ -24,8 +24,8 @@ import numpy as np
 from ..problem import AttentionProblem
 from .args import Operands, compute_dtype, problem_pointers
 from .args import aligned as _aligned
-from .compile import (FWD_ARGS, SM90_ARGS, SM90_HEAD_DIM_BUCKETS, SM90_UNSHIPPED, KernelKey,
-                      bucket_for, get_kernel, kernel_dtype_tag, traits)
+from .compile import (FWD_ARGS, PRECISE_ARGS, SM90_ARGS, SM90_HEAD_DIM_BUCKETS, SM90_UNSHIPPED,
+                      KernelKey, bucket_for, get_kernel, is_precise, kernel_dtype_tag, traits)
 from .launcher import Launch, TmaLaunch, launch_packed
 from .schedule import launch_grid, prefill_grid
 from .tma import fwd_geometries
@@ -130,13 +130,16 @@ def select_kernel(problem: AttentionProblem, arch=None, device_cc=None) -> Kerne
     # A scale <= 0 cannot be folded into exp2 after the row max (it would flip the ordering):
     # the transform path scales first; with no slopes it adds a zero bias.
     transform = p.alibi_slopes is not None or p.softcap > 0 or not scale_ok
-    if arch is None:
+    dtype = kernel_dtype_tag(p.q.dtype)
+    if is_precise(dtype):
+        arch = "sm80"  # the float32 / float64 kernel is mma.sync only, on every GPU
+    elif arch is None:
         arch = prefill_arch(p.head_dim, transform, p.paged, device_cc)
     from .compile import head_dim_buckets
 
     return KernelKey(
-        dtype=kernel_dtype_tag(p.q.dtype),
-        head_dim=bucket_for(p.head_dim, head_dim_buckets(arch)),
+        dtype=dtype,
+        head_dim=bucket_for(p.head_dim, head_dim_buckets(arch, dtype)),
         transform=transform,
         paged=p.paged,
         arch=arch,
@@ -144,17 +147,18 @@ def select_kernel(problem: AttentionProblem, arch=None, device_cc=None) -> Kerne
 
 
 def needs_temporaries(problem: AttentionProblem) -> bool:
-    """True when the launch writes into a temporary (padded head dim, float32 output, misaligned
-    out, strided LSE) that is copied back whole -- which would overwrite rows another kernel
-    wrote, so a mixed batch then runs on one kernel."""
+    """True when the launch writes into a temporary (padded head dim, an output of another dtype
+    than the kernel's -- float32 on bf16 kernels --, misaligned out, strided LSE) that is copied
+    back whole -- which would overwrite rows another kernel wrote, so a mixed batch then runs
+    on one kernel."""
     p = problem
     out, lse = p.out, p.softmax_lse
     return (
         p.head_dim % 8 != 0
-        or np.dtype(out.dtype) == np.float32
+        or np.dtype(out.dtype) != compute_dtype(kernel_dtype_tag(p.q.dtype))
         or not _aligned(out)
         or lse.ndim != 2
-        or lse.strides[-1] != 4
+        or lse.strides[-1] != lse.itemsize
     )
 
 
@@ -167,7 +171,7 @@ class PrefillPlan:
     def __init__(self, problem: AttentionProblem, len_q_min: int = 0):
         p = problem
         key = select_kernel(p)
-        tr = traits(key.head_dim, key.arch)
+        tr = traits(key.head_dim, key.arch, key.dtype)
         self.compute_dtype = compute_dtype(key.dtype)
         self.len_q_min = len_q_min
         tiles = prefill_grid(p, tr)
@@ -180,18 +184,27 @@ class PrefillPlan:
         # sm90: the struct also carries TMA maps of q, k, v (paged k / v: only for page sizes
         # the kernel loads by TMA, tma.paged_tma_ok).
         self.tma = key.arch == "sm90"
+        # The float32 / float64 kernels also take the scale and softcap in float64.
+        self.args = PRECISE_ARGS if is_precise(key.dtype) else FWD_ARGS
         self.tile = (tr.block_m, tr.block_n, key.paged)
         ops = Operands(p, self.compute_dtype)
         self.direct = ops.direct
         self.launch = None
         if self.direct and not self.empty:
-            values = ops.fwd_values(len_q_min=len_q_min, tiles_m=self.tiles_m)
+            values = self._values(ops, p)
             if self.tma:
                 self.launch = TmaLaunch(self.kernel, self.grid, self.block, self.smem, SM90_ARGS,
                                         SM90_ARGS.new(values), self._geometries(values))
             else:
-                self.launch = Launch(self.kernel, self.grid, self.block, self.smem, FWD_ARGS,
-                                     FWD_ARGS.new(values))
+                self.launch = Launch(self.kernel, self.grid, self.block, self.smem, self.args,
+                                     self.args.new(values))
+
+    def _values(self, ops, p):
+        values = ops.fwd_values(len_q_min=self.len_q_min, tiles_m=self.tiles_m)
+        if self.args is PRECISE_ARGS:
+            values.update(softmax_scale_f64=float(p.softmax_scale),
+                          softcap_f64=float(p.softcap) if p.softcap > 0 else 0.0)
+        return values
 
     def _geometries(self, values):
         block_m, block_n, paged = self.tile
@@ -204,7 +217,7 @@ class PrefillPlan:
             return
         ops = Operands(p, self.compute_dtype)
         if not self.empty:
-            values = ops.fwd_values(len_q_min=self.len_q_min, tiles_m=self.tiles_m)
+            values = self._values(ops, p)
             if self.tma:
                 args = SM90_ARGS.new(values)
                 geometries = self._geometries(values)
@@ -212,7 +225,7 @@ class PrefillPlan:
                     SM90_ARGS.write_maps(args.view(np.uint64), geometries,
                                          [values[n].data.ptr for n in ("q", "k", "v")])
             else:
-                args = FWD_ARGS.new(values)
+                args = self.args.new(values)
             launch_packed(self.kernel, self.grid, self.block, args, self.smem)
         ops.finish()
 

@@ -21,7 +21,7 @@ import numpy as np
 
 __all__ = ["ArgPack"]
 
-_NUMPY_OF_C = {"long long": np.int64, "int": np.int32, "float": np.float32}
+_NUMPY_OF_C = {"long long": np.int64, "int": np.int32, "float": np.float32, "double": np.float64}
 
 
 def _numpy_type(ctype: str):
