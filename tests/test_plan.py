@@ -174,6 +174,7 @@ def test_info_line_names_the_prefill_family_and_how_it_was_chosen(monkeypatch):
 
     monkeypatch.delenv(PREFILL_ARCH_ENV, raising=False)
     assert describe_prefill_path(90).startswith("sm90 (wgmma") and "auto for compute capability 9.0" in describe_prefill_path(90)
+    assert "float32: 'highest' (3xTF32, float32 accuracy" in describe_prefill_path(80)
     assert describe_prefill_path(80).startswith("sm80 (mma.sync")
     monkeypatch.setenv(PREFILL_ARCH_ENV, "sm80")
     assert describe_prefill_path(90).startswith("sm80") and f"{PREFILL_ARCH_ENV}=sm80" in describe_prefill_path(90)

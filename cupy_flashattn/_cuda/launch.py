@@ -119,7 +119,13 @@ def describe_prefill_path(device_cc=None) -> str:
         family = prefill_arch(128, False, False, device_cc=cc)
     except ValueError as e:
         return f"none: {e}"
-    return f"{_FAMILY_WORDS[family]} ({how}); decode: sm80 split-KV"
+    from ..precision import get_float32_precision
+
+    mode = get_float32_precision()
+    f32 = {"highest": "3xTF32, float32 accuracy", "high": "TF32",
+           "medium": "bfloat16 operands on the 16-bit kernels"}[mode]
+    return (f"{_FAMILY_WORDS[family]} ({how}); decode: sm80 split-KV; float32: {mode!r} ({f32}; "
+            "set_float32_precision), float64: DMMA -- both on the sm80 float32/float64 kernel")
 
 
 def select_kernel(problem: AttentionProblem, arch=None, device_cc=None) -> KernelKey:
