@@ -246,7 +246,7 @@ def flash_attn_func(
                                                                mm_prefix_ranges, out))
         call = _prepare_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                               alibi_slopes, sinks, mm_prefix_ranges, return_attn_probs,
-                              return_softmax_lse, out, k_scale, v_scale)
+                              return_softmax_lse, out, k_scale, v_scale, check)
         if key is not None:
             CALLS.put(key, call)
     return call.execute(q, k, v, alibi_slopes, sinks, mm_prefix_ranges, out)
@@ -255,7 +255,7 @@ def flash_attn_func(
 def _prepare_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                    sinks, mm_prefix_ranges,
                    return_attn_probs, return_softmax_lse, out, k_scale=None,
-                   v_scale=None) -> DenseCall:
+                   v_scale=None, check=None) -> DenseCall:
     """Every check of flash_attn_func (none needs a device sync), lowered to a DenseCall."""
     xp, q, k, v, fp8 = _common_checks(q, k, v, dropout_p, softmax_scale, window_size, softcap,
                                       k_scale, v_scale)
@@ -273,19 +273,20 @@ def _prepare_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softc
     fields = dict(
         batch_size=B, seqlen_q=Sq, seqlen_k=Sk, max_seqlen_q=Sq, max_seqlen_k=Sk,
         **_logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, sinks,
-        mm_prefix_ranges, B, H), **_kv_scales(fp8, k_scale, v_scale, Hk),
+        mm_prefix_ranges, B, H, _full_check(xp, check)), **_kv_scales(fp8, k_scale, v_scale, Hk),
     )
     return DenseCall(xp, fields, H, D, return_softmax_lse, return_attn_probs, tuple(q.shape),
                      tuple(k.shape))
 
 
 def _logits(xp, softmax_scale, head_dim, left, right, softcap, alibi_slopes, sinks,
-            mm_prefix_ranges, batch, num_heads):
+            mm_prefix_ranges, batch, num_heads, full):
     """The AttentionProblem fields of the logit transform and mask, shared by every entry point
-    (the slopes are validated here and passed per call: see ``_calls._Call._alibi``)."""
+    (the slopes are validated here and passed per call: see ``_calls._Call._alibi``).  ``full``:
+    also check the values of the prefix ranges (reads them on the host; see _full_check)."""
     validate.alibi_slopes(alibi_slopes, xp, batch, num_heads)
     validate.sinks(sinks, xp, num_heads)
-    validate.prefix_ranges(mm_prefix_ranges, xp, batch)
+    validate.prefix_ranges(mm_prefix_ranges, xp, batch, full)
     return dict(
         softmax_scale=_scale(softmax_scale, head_dim),
         window_left=left,
@@ -446,7 +447,7 @@ def _prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
         batch_size=B, seqlen_q=0, seqlen_k=0, max_seqlen_q=int(max_seqlen_q),
         max_seqlen_k=int(max_seqlen_k), page_block_size=P,
         **_logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, sinks,
-        mm_prefix_ranges, B, H), **_kv_scales(fp8, k_scale, v_scale, Hk),
+        mm_prefix_ranges, B, H, full), **_kv_scales(fp8, k_scale, v_scale, Hk),
     )
     key_rows = int(k.shape[0]) * (P if paged else 1)
     return VarlenCall(xp, fields, H, D, return_softmax_lse, return_attn_probs,
@@ -714,7 +715,7 @@ def _prepare_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
     left, right = _mask(causal, window_size)
     _check_output(xp, q, out, (B * Sq, H, D))
     logits = _logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, sinks,
-                     mm_prefix_ranges, B, H)
+                     mm_prefix_ranges, B, H, full)
 
     if full:
         validate.kvcache_values(seqlens, S_new, capacity, rotary_cos, cache_batch_idx,

@@ -431,20 +431,21 @@ def sinks(sinks, xp, num_heads: int):
             f"({num_heads},)", "pass a float32 array of shape (nheads,), e.g. the model's s_aux")
 
 
-def prefix_ranges(ranges, xp, batch: int):
-    """candle's mm_prefix_ranges: int32 ``(B, max_ranges, 2)`` of [start, end) key positions,
-    on the CPU backend for now.  Values (NumPy): starts >= 0, the used ranges (start < end) of a
-    sequence sorted and disjoint."""
+#: Ranges per sequence the kernels index (the sm90 consumers pack two rows' range index + 1 in
+#: 16 bits each: attn/mask.cuh Mask::apply).
+MAX_PREFIX_RANGES = 65535
+
+
+def prefix_ranges(ranges, xp, batch: int, full: bool = True):
+    """candle's mm_prefix_ranges: int32 ``(B, max_ranges, 2)`` of [start, end) key positions on
+    q's backend, each sequence's pairs contiguous (the kernels read pair i of sequence b at
+    ``b * stride + 2 i``).  ``full`` (always on NumPy; on CuPy with ``check=True``, since it reads
+    the ranges on the host): starts >= 0, the used ranges (start < end) of a sequence sorted and
+    disjoint.  Without it a CuPy call trusts the values; bad ones cannot reach memory outside the
+    sequence (the kernels clip every range to [0, len_k)), they only change what is visible."""
     if ranges is None:
         return
     same_backend(xp, mm_prefix_ranges=ranges)
-    if xp is not np:
-        raise explain(
-            UnsupportedError, "mm_prefix_ranges", "is not yet supported by the CUDA kernels",
-            "NumPy arrays (the CPU backend)", "CuPy arrays",
-            "run this call on NumPy arrays, or drop mm_prefix_ranges (the CUDA path is the next "
-            "step of issue 13)",
-        )
     if np.dtype(ranges.dtype) != np.int32:
         raise explain(DTypeError, "mm_prefix_ranges", "must have dtype int32", "int32",
                       dtype_name(ranges.dtype), "convert with mm_prefix_ranges.astype(numpy.int32)")
@@ -452,6 +453,21 @@ def prefix_ranges(ranges, xp, batch: int):
         raise explain(ShapeError, "mm_prefix_ranges", "must hold [start, end) pairs per sequence",
                       f"(B={batch}, max_ranges, 2)", _shape(ranges),
                       "pass an int32 array (batch, max_ranges, 2); unused entries start >= end")
+    if ranges.shape[1] > MAX_PREFIX_RANGES:
+        raise explain(ShapeError, "mm_prefix_ranges", "has too many ranges per sequence",
+                      f"max_ranges <= {MAX_PREFIX_RANGES}", _shape(ranges),
+                      "merge adjacent ranges (a range may span any number of tokens)")
+    if ranges.size and ((ranges.strides[2] != ranges.itemsize)
+                        or (ranges.shape[1] > 1 and ranges.strides[1] != 2 * ranges.itemsize)):
+        raise explain(
+            LayoutError, "mm_prefix_ranges", "must hold each sequence's pairs contiguously",
+            f"strides (any, {2 * ranges.itemsize}, {ranges.itemsize}) bytes",
+            f"strides {tuple(ranges.strides)} bytes", "pass xp.ascontiguousarray(mm_prefix_ranges)",
+        )
+    if not full:
+        return
+    if xp is not np:
+        ranges = ranges.get()
     r = np.asarray(ranges).astype(np.int64)
     used = r[..., 0] < r[..., 1]
     bad = used & (r[..., 0] < 0)

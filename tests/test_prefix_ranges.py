@@ -1,6 +1,6 @@
 """candle's ``mm_prefix_ranges``: bidirectional key ranges inside a causal mask (image tokens of
 a multimodal prompt).  CPU backend against the float64 reference, which applies the rule
-independently; the CUDA path refuses them with a typed error until its kernels have them."""
+independently (the CUDA kernels: tests/gpu/test_gpu_prefix_ranges.py)."""
 
 from __future__ import annotations
 
@@ -92,9 +92,8 @@ def test_bad_ranges_get_a_typed_error(bad, cls, fragments):
         fa.flash_attn_func(q, q, q, causal=True, mm_prefix_ranges=bad)
 
 
-@pytest.mark.gpu
-def test_cuda_path_refuses_ranges_with_a_typed_error():
-    cp = pytest.importorskip("cupy")
-    q = cp.zeros((1, 8, 2, 16), np.float16)
-    with raises_explained(errors.UnsupportedError, "mm_prefix_ranges", "CUDA"):
-        fa.flash_attn_func(q, q, q, causal=True, mm_prefix_ranges=cp.zeros((1, 1, 2), np.int32))
+def test_ranges_whose_pairs_are_not_contiguous_get_a_layout_error():
+    q = randn(np.random.default_rng(0), (2, 8, 2, 16), np.float32)
+    strided = np.zeros((2, 2, 4), np.int32)[..., ::2]
+    with raises_explained(errors.LayoutError, "mm_prefix_ranges", "ascontiguousarray"):
+        fa.flash_attn_func(q, q, q, causal=True, mm_prefix_ranges=strided)

@@ -85,19 +85,20 @@ struct LogitTransform {
   }
 };
 
-// Set the logits of keys a row does not see to -inf.  Row (mi, h) sees keys
-// [first_of(mi, h), last_of(mi, h)] (Window::first_key / last_key of its query row, so keys past
-// len_k are excluded too); bit 2nt+e of `absent` marks column 8nt + e (of this lane) as a key on
-// an absent page.  col0: key position of element 0 of n-tile 0.
-template <int kMRep, int kNTiles, class T, class FirstOf, class LastOf>
-__device__ __forceinline__ void mask_fragment(T (&s)[kMRep][kNTiles][4], const FirstOf& first_of,
-                                              const LastOf& last_of, int col0, unsigned absent) {
+// Set the logits of keys a row does not see to -inf.  Row (mi, h) sees keys [lo, hi] that
+// keys_of(mi, h, lo, hi) gives (Window::row_keys of its query row, so keys past len_k are
+// excluded too); bit 2nt+e of `absent` marks column 8nt + e (of this lane) as a key on an
+// absent page.  col0: key position of element 0 of n-tile 0.
+template <int kMRep, int kNTiles, class T, class KeysOf>
+__device__ __forceinline__ void mask_fragment(T (&s)[kMRep][kNTiles][4], const KeysOf& keys_of,
+                                              int col0, unsigned absent) {
   static_assert(2 * kNTiles <= 32, "one bit per column of this lane");
 #pragma unroll
   for (int mi = 0; mi < kMRep; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int lo = first_of(mi, h), hi = last_of(mi, h);
+      int lo, hi;
+      keys_of(mi, h, lo, hi);
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
@@ -116,14 +117,44 @@ struct Mask {
   Window window;
   int num_pages;  // paged: page ids must be below this (p.k_rows)
 
-  __device__ Mask(const FwdParams& p, int len_k_, int shift_)
-      : window(p, len_k_, shift_), num_pages(p.k_rows) {}
+  // b: the batch index (its prefix ranges).
+  __device__ Mask(const FwdParams& p, int len_k_, int shift_, int b)
+      : window(p, len_k_, shift_, b), num_pages(p.k_rows) {}
 
   // absent_ids (paged caches; null unless the tile has a key on an absent page): the tile's
-  // page id per key, in shared memory.
+  // page id per key, in shared memory.  Each row's prefix range is looked up here (a loop
+  // over the sequence's ranges, empty without them).
   template <int kMRep, int kNTiles, class T>
   __device__ __forceinline__ void apply(T (&s)[kMRep][kNTiles][4], int row0, int tile_col0,
                                         int col_in_tile0, const int* absent_ids) const {
+    const Window w = window;
+    apply_bounds(s, [&](int mi, int h, int& lo, int& hi) { w.row_keys(row0 + mi * 16 + h * 8, lo, hi); },
+                 tile_col0 + col_in_tile0, col_in_tile0, absent_ids);
+  }
+  // The same, with the prefix range of each row looked up once per query tile by the caller
+  // (Window::row_range; `range_ids` packs rows (mi, h)'s index + 1 in bits 16 (2 mi + h) and up,
+  // 0 for none -- validate.py caps max_ranges at 65535): the sm90 consumers, whose registers
+  // hold neither the lookup loop beside S and O nor two ints per row.
+  template <int kMRep, int kNTiles, class T>
+  __device__ __forceinline__ void apply(T (&s)[kMRep][kNTiles][4], int row0, int tile_col0,
+                                        int col_in_tile0, const int* absent_ids,
+                                        unsigned range_ids) const {
+    static_assert(kMRep == 1, "two rows per thread: 16 bits each");
+    const Window w = window;
+    apply_bounds(
+        s,
+        [&](int mi, int h, int& lo, int& hi) {
+          const int id = int((range_ids >> (16 * (2 * mi + h))) & 0xffffu) - 1;
+          w.row_keys(row0 + mi * 16 + h * 8, id, lo, hi);
+        },
+        tile_col0 + col_in_tile0, col_in_tile0, absent_ids);
+  }
+
+ private:
+  template <int kMRep, int kNTiles, class T, class KeysOf>
+  __device__ __forceinline__ void apply_bounds(T (&s)[kMRep][kNTiles][4], const KeysOf& keys_of,
+                                               int col0, int col_in_tile0,
+                                               const int* absent_ids) const {
     unsigned absent = 0;  // warp-uniform test: null for almost every tile
     if (Is_paged && absent_ids != nullptr) {
 #pragma unroll
@@ -133,11 +164,7 @@ struct Mask {
           absent |= unsigned(!page_present(absent_ids[col_in_tile0 + nt * 8 + e], num_pages))
                     << (2 * nt + e);
     }
-    const Window w = window;
-    mask_fragment(
-        s, [&](int mi, int h) { return w.first_key(row0 + mi * 16 + h * 8); },
-        [&](int mi, int h) { return w.last_key(row0 + mi * 16 + h * 8); },
-        tile_col0 + col_in_tile0, absent);
+    mask_fragment(s, keys_of, col0, absent);
   }
 };
 

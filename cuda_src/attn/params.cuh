@@ -24,6 +24,9 @@ struct FwdParams {
   const int* block_table;      // (B, max_blocks_per_seq) or null (dense)
   const float* alibi_slopes;   // (B, H) float32 or null
   const float* sinks;          // (H,) float32 attention-sink logits or null (softmax.cuh)
+  // (B, prefix_ranges_count, 2) int32 [start, end) key ranges (candle's mm_prefix_ranges) or
+  // null; window.cuh's PrefixRanges reads them.
+  const int* prefix_ranges;
 
   // Strides in elements.  k and v share one set (launch.py makes them agree).
   i64 q_row_stride, q_head_stride;
@@ -32,6 +35,7 @@ struct FwdParams {
   i64 lse_head_stride;
   int alibi_batch_stride, alibi_head_stride;
   int table_batch_stride;
+  int prefix_ranges_count, prefix_ranges_batch_stride;  // ranges per sequence; 2 * that
 
   int batch;
   int seqlen_q, seqlen_k;  // dense Sq / Sk (ignored with cu_seqlens_*)

@@ -104,7 +104,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
   if (row0 >= rows_total) return;  // no rows here (combine reads only rows of real queries)
   if (len_q < p.len_q_min || len_q > p.len_q_max) return;  // the prefill kernel's (mixed batch)
   const int shift = len_k - len_q;
-  const Window window(p, len_k, shift);
+  const Window window(p, len_k, shift, bidb);
 
   // Key tiles any row of this CTA can see, intersected with this split's share of the
   // sequence's 16-key tiles.
@@ -178,8 +178,8 @@ __device__ void flash_decode(const DecodeParams& dp) {
     const int pr = row0 + ra + 8 * h;
     const bool row_ok = pr < rows_total;
     qi[h] = pr / g;
-    first[h] = window.first_key(qi[h]);
-    last[h] = row_ok ? window.last_key(qi[h]) : -1;
+    window.row_keys(qi[h], first[h], last[h]);
+    if (!row_ok) last[h] = -1;
     slope[h] = row_ok ? xform.slope(p, bidb, hk * g + pr % g) : 0.f;
   }
   const float c = xform.log2_scale;
@@ -224,8 +224,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
     // The logit variant and the mask, each row at its own query index, then online softmax.
     const int col0 = t * kDecodeTileN + 2 * tq;
     xform.apply(s, [&](int, int h) { return qi[h]; }, [&](int, int h) { return slope[h]; }, col0);
-    mask_fragment(s, [&](int, int h) { return first[h]; }, [&](int, int h) { return last[h]; },
-                  col0, 0u);
+    mask_fragment(s, [&](int, int h, int& lo, int& hi) { lo = first[h]; hi = last[h]; }, col0, 0u);
     softmax.update(s, o, c);  // s now holds P
 
     // O += P V: the S accumulators of keys 0-7 / 8-15 are the A fragment of P (16 x 16).

@@ -166,7 +166,7 @@ __device__ __forceinline__ void flash_fwd_precise(const FwdParams& p, const Prec
   const int shift = seq.len_k - seq.len_q;
 
   int n_min, n_max;
-  Window(p, seq.len_k, shift).template tile_range<kBlockN>(m0, m0 + rows_valid - 1, n_min, n_max);
+  Window(p, seq.len_k, shift, bidb).template tile_range<kBlockN>(m0, m0 + rows_valid - 1, n_min, n_max);
 
   const u32 sQ = smem_u32(smem);
   const u32 sK0 = sQ + Tr::kSmemQ;
@@ -240,7 +240,7 @@ __device__ __forceinline__ void flash_fwd_precise(const FwdParams& p, const Prec
 
       const u32 k_base = sK0 + stage * Tr::kSmemKV, v_base = sV0 + stage * Tr::kSmemKV;
       const int* absent_ids = tile_has_absent ? page_slot<Tr>(table0, n_block).ids : nullptr;
-      const Mask<Is_paged> mask(p, seq.len_k, seq.len_k - seq.len_q);
+      const Mask<Is_paged> mask(p, seq.len_k, seq.len_k - seq.len_q, bidb);
       const bool need_mask =
           absent_ids != nullptr ||
           mask.window.template tile_needs_mask<kBlockN>(n_block, m0, m0 + rows_valid - 1);

@@ -95,7 +95,7 @@ __device__ __forceinline__ bool tile_at(const FwdParams& p, int i, Sm90Tile& w) 
   if (w.m0 >= w.si.len_q) return false;  // tiles_m is the longest sequence's; this one is shorter
   if (w.si.len_q < p.len_q_min || w.si.len_q > p.len_q_max) return false;  // the decode kernel's
   w.rows_valid = imin(Tr::kBlockM, w.si.len_q - w.m0);
-  Window(p, w.si.len_k, w.si.len_k - w.si.len_q)
+  Window(p, w.si.len_k, w.si.len_k - w.si.len_q, w.bidb)
       .template tile_range<Tr::kBlockN>(w.m0, w.m0 + w.rows_valid - 1, w.n_min, w.n_max);
   return true;
 }
@@ -437,14 +437,17 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const Sm90Tile& w,
       // Ping-pong pairs every tile's turn of the two warpgroups: both visit every tile.
       a_min = n_min;
     } else if (wg_rows > 0) {
-      Window(p, si.len_k, shift).template tile_range<kBlockN>(wg_first, wg_first + wg_rows - 1,
-                                                              a_min, a_max);
+      Window(p, si.len_k, shift, bidb)
+          .template tile_range<kBlockN>(wg_first, wg_first + wg_rows - 1, a_min, a_max);
       a_max = imin(a_max, n_max);
       a_min = imax(a_min, n_min);
       if (a_max <= a_min) a_min = a_max = n_max;
     }
     const u32 q_tile = sm.q + Tr::kWgRows * cw * wgmma::kSwizzleRowBytes;
-    const Mask<Is_paged> mask(p, si.len_k, shift);
+    const Mask<Is_paged> mask(p, si.len_k, shift, bidb);
+    // The prefix range of this thread's two rows, looked up once (see Mask::apply).
+    const unsigned range_ids = unsigned(mask.window.row_range(row0) + 1) |
+                               (unsigned(mask.window.row_range(row0 + 8) + 1) << 16);
 
     // The ring position of a key tile (this query tile's run n_max - 1 down to n_min).
     auto stage_of = [&](int n_block) { return (it0 + n_max - 1 - n_block) % Tr::kStages; };
@@ -473,7 +476,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const Sm90Tile& w,
       }
       if (absent_ids != nullptr ||
           mask.window.template tile_needs_mask<kBlockN>(n_block, wg_first, wg_first + wg_rows - 1))
-        mask.apply(sacc, row0, tile_col0, col_in_tile0, absent_ids);
+        mask.apply(sacc, row0, tile_col0, col_in_tile0, absent_ids, range_ids);
       pipe::bar_arrive(sm.k_empty(s));  // K and the page ids of this stage are free
 #if FA_SM90_DIAG_NO_SOFTMAX  // diagnostic (wrong results): P = S, no exp2 / row statistics
       alpha[0][0] = alpha[0][1] = 1.f;

@@ -63,6 +63,7 @@ PROBLEM_POINTERS = (
     ("seqused_k", "seqused_k"), ("cache_batch_idx", "cache_batch_idx"),
     ("leftpad_k", "leftpad_k"), ("block_table", "block_table"),
     ("alibi_slopes", "alibi_slopes"), ("sinks", "sinks"),
+    ("prefix_ranges", "mm_prefix_ranges"),
 )
 
 
@@ -134,17 +135,21 @@ class Operands:
             table, table_stride, max_blocks, page_size = None, 0, 0, 0
         alibi = p.alibi_slopes
         a_b, a_h = (elem_stride(alibi, 0), elem_stride(alibi, 1)) if alibi is not None else (0, 0)
+        ranges = p.mm_prefix_ranges  # (B, R, 2) int32, pairs contiguous (validate.prefix_ranges)
+        r_count, r_stride = ((int(ranges.shape[1]), elem_stride(ranges, 0))
+                             if ranges is not None and ranges.size else (0, 0))
         H, Hk = p.num_heads, p.num_heads_k
         return dict(
             q=q, k=k, v=v, o=o, lse=lse,
             cu_seqlens_q=p.cu_seqlens_q, cu_seqlens_k=p.cu_seqlens_k, seqused_k=p.seqused_k,
             cache_batch_idx=p.cache_batch_idx, leftpad_k=p.leftpad_k, block_table=table,
-            alibi_slopes=alibi, sinks=p.sinks,
+            alibi_slopes=alibi, sinks=p.sinks, prefix_ranges=ranges if r_count else None,
             q_row_stride=elem_stride(q, 0), q_head_stride=elem_stride(q, 1),
             k_row_stride=k_row, k_head_stride=k_head, k_page_stride=k_page,
             o_row_stride=elem_stride(o, 0), o_head_stride=elem_stride(o, 1),
             lse_head_stride=lse.strides[0] // lse.itemsize,
             alibi_batch_stride=a_b, alibi_head_stride=a_h, table_batch_stride=table_stride,
+            prefix_ranges_count=r_count, prefix_ranges_batch_stride=r_stride,
             batch=p.batch_size, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
             total_q=p.total_q, k_rows=k.shape[0], num_heads=H, h_per_kv=H // Hk,
             head_dim=self.head_dim8, page_size=page_size, max_blocks_per_seq=max_blocks,
