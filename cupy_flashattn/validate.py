@@ -623,6 +623,13 @@ def leftpad_within(leftpad, cache_seqlens):
 
 def cu_seqlens(name: str, cu, xp, total: int | None, full: bool):
     """cu_seqlens: int32 (B+1,), starting at 0, non-decreasing, ending at ``total`` tokens."""
+    if cu is None:
+        raise explain(
+            ArgumentError, name, "is required by flash_attn_varlen_func (paged or not)",
+            "an int32 array (batch_size + 1,)", "None",
+            f"pass {name} = [0, len_0, len_0 + len_1, ...] (a PagedKVCache as k supplies the key "
+            "lengths itself)",
+        )
     index_array(name, cu, xp, 1)
     # B = 0 is a legal (empty) batch: cu_seqlens = [0].
     if cu.shape[0] < 1:

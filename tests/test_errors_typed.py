@@ -280,3 +280,13 @@ def test_read_only_cache_without_new_kv_is_fine():
     out = fa.flash_attn_with_kvcache(rand(1, 1, 4, 16), kc, vc,
                                      cache_seqlens=np.array([5], np.int32))
     assert np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_missing_cu_seqlens_k(no_work, paged):
+    """cu_seqlens_k=None reached ``None.ndim`` (an AttributeError) before this check."""
+    cu_q = np.array([0, 3], np.int32)
+    kv = rand(4, 4, 2, 16) if paged else rand(5, 2, 16)
+    kw = dict(block_table=np.array([[0, 1]], np.int32), seqused_k=np.array([5], np.int32)) if paged else {}
+    with typed(errors.ArgumentError, "cu_seqlens_k", "is required", "None"):
+        fa.flash_attn_varlen_func(rand(3, 4, 16), kv, kv, cu_q, None, 3, 5, **kw)

@@ -110,6 +110,25 @@ __device__ __forceinline__ void mask_fragment(T (&s)[kMRep][kNTiles][4], const K
     }
 }
 
+// The prefix range of each of a thread's accumulator rows (m-tile mi, half h: sequence row
+// row0 + 16 mi + 8 h), looked up once per query tile (Window::row_range): index + 1 in bits
+// 16 h .. 16 h + 15 of ids[mi], 0 for none (validate.py caps max_ranges at 65535).  One
+// register per m-tile.
+template <int kMRep>
+struct RowRangeIds {
+  unsigned ids[kMRep];
+
+  __device__ RowRangeIds(const Window& w, int row0) {
+#pragma unroll
+    for (int mi = 0; mi < kMRep; ++mi)
+      ids[mi] = unsigned(w.row_range(row0 + 16 * mi) + 1) |
+                (unsigned(w.row_range(row0 + 16 * mi + 8) + 1) << 16);
+  }
+  __device__ __forceinline__ int operator()(int mi, int h) const {
+    return int((ids[mi] >> (16 * h)) & 0xffffu) - 1;
+  }
+};
+
 // The prefill mask: consecutive query rows (row0 = sequence row of accumulator row g of
 // m-tile 0) over one key tile, absent pages from the tile's page ids in shared memory.
 template <bool Is_paged>
@@ -122,39 +141,13 @@ struct Mask {
       : window(p, len_k_, shift_, b), num_pages(p.k_rows) {}
 
   // absent_ids (paged caches; null unless the tile has a key on an absent page): the tile's
-  // page id per key, in shared memory.  Each row's prefix range is looked up here (a loop
-  // over the sequence's ranges, empty without them).
-  template <int kMRep, int kNTiles, class T>
-  __device__ __forceinline__ void apply(T (&s)[kMRep][kNTiles][4], int row0, int tile_col0,
-                                        int col_in_tile0, const int* absent_ids) const {
-    const Window w = window;
-    apply_bounds(s, [&](int mi, int h, int& lo, int& hi) { w.row_keys(row0 + mi * 16 + h * 8, lo, hi); },
-                 tile_col0 + col_in_tile0, col_in_tile0, absent_ids);
-  }
-  // The same, with the prefix range of each row looked up once per query tile by the caller
-  // (Window::row_range; `range_ids` packs rows (mi, h)'s index + 1 in bits 16 (2 mi + h) and up,
-  // 0 for none -- validate.py caps max_ranges at 65535): the sm90 consumers, whose registers
-  // hold neither the lookup loop beside S and O nor two ints per row.
+  // page id per key, in shared memory.  Each row's prefix range was looked up once per query
+  // tile by the caller (RowRangeIds): the lookup's loop does not sit beside S and O in the
+  // masked tile (inside it, it spilled the sm90 D=128 consumers and the float32 D=256 kernel).
   template <int kMRep, int kNTiles, class T>
   __device__ __forceinline__ void apply(T (&s)[kMRep][kNTiles][4], int row0, int tile_col0,
                                         int col_in_tile0, const int* absent_ids,
-                                        unsigned range_ids) const {
-    static_assert(kMRep == 1, "two rows per thread: 16 bits each");
-    const Window w = window;
-    apply_bounds(
-        s,
-        [&](int mi, int h, int& lo, int& hi) {
-          const int id = int((range_ids >> (16 * (2 * mi + h))) & 0xffffu) - 1;
-          w.row_keys(row0 + mi * 16 + h * 8, id, lo, hi);
-        },
-        tile_col0 + col_in_tile0, col_in_tile0, absent_ids);
-  }
-
- private:
-  template <int kMRep, int kNTiles, class T, class KeysOf>
-  __device__ __forceinline__ void apply_bounds(T (&s)[kMRep][kNTiles][4], const KeysOf& keys_of,
-                                               int col0, int col_in_tile0,
-                                               const int* absent_ids) const {
+                                        const RowRangeIds<kMRep>& range_ids) const {
     unsigned absent = 0;  // warp-uniform test: null for almost every tile
     if (Is_paged && absent_ids != nullptr) {
 #pragma unroll
@@ -164,7 +157,13 @@ struct Mask {
           absent |= unsigned(!page_present(absent_ids[col_in_tile0 + nt * 8 + e], num_pages))
                     << (2 * nt + e);
     }
-    mask_fragment(s, keys_of, col0, absent);
+    const Window w = window;
+    mask_fragment(
+        s,
+        [&](int mi, int h, int& lo, int& hi) {
+          w.row_keys(row0 + mi * 16 + h * 8, range_ids(mi, h), lo, hi);
+        },
+        tile_col0 + col_in_tile0, absent);
   }
 };
 

@@ -40,6 +40,7 @@ __device__ __forceinline__ void attend_tile(float (&acc_o)[Tr::kMRep][Tr::kDTile
                                             const u32 (&q_frag)[kQFrags<Tr>][4],
                                             u32 q_base, u32 k_base, u32 v_base,
                                             const int* absent_ids, const MaskT& mask,
+                                            const RowRangeIds<Tr::kMRep>& range_ids,
                                             const XformT& xform, float slope, int lane,
                                             int n_block, int row0,
                                             int col_in_tile0, float c,
@@ -97,7 +98,7 @@ __device__ __forceinline__ void attend_tile(float (&acc_o)[Tr::kMRep][Tr::kDTile
   const int tile_col0 = n_block * Tr::kBlockN;
   xform.apply(s, [&](int mi, int h) { return row0 + mi * 16 + h * 8; },
               [&](int, int) { return slope; }, tile_col0 + col_in_tile0);
-  if constexpr (Is_masked) mask.apply(s, row0, tile_col0, col_in_tile0, absent_ids);
+  if constexpr (Is_masked) mask.apply(s, row0, tile_col0, col_in_tile0, absent_ids, range_ids);
 
   softmax.update(s, acc_o, c);  // s now holds P (fp32)
 
@@ -176,6 +177,8 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
   const int warp_row0 = warp * Tr::kWarpM;             // first CTA row of this warp
   const int row0 = m0 + warp_row0 + (lane >> 2);       // sequence row of accumulator row g
   const int col_in_tile0 = (lane & 3) * 2;             // column of accumulator element 0
+  // Each row's prefix range, looked up once per query tile (Mask::apply).
+  const RowRangeIds<Tr::kMRep> range_ids(Window(p, seq.len_k, shift, bidb), row0);
 
   // Per-lane ldmatrix bases: row lane%16 (+16r), chunk 2j + lane/16, swizzled (see traits).
   u32 chunk_off[kP];
@@ -270,12 +273,12 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
           mask.window.template tile_needs_mask<kBlockN>(n_block, m0, m0 + rows_valid - 1);
       if (need_mask) {
         attend_tile<Tr, Elem, true>(acc_o, softmax, chunk_off, q_frag, q_base, k_base, v_base,
-                                    absent_ids, mask, xform, slope, lane, n_block, row0,
+                                    absent_ids, mask, range_ids, xform, slope, lane, n_block, row0,
                                     col_in_tile0, c, after_qk);
       } else {
         // Iterations that need no masking.
         attend_tile<Tr, Elem, false>(acc_o, softmax, chunk_off, q_frag, q_base, k_base, v_base,
-                                     absent_ids, mask, xform, slope, lane, n_block, row0,
+                                     absent_ids, mask, range_ids, xform, slope, lane, n_block, row0,
                                      col_in_tile0, c, after_qk);
       }
       stage ^= 1;

@@ -63,7 +63,9 @@ __device__ __forceinline__ void attend_tile_precise(typename Tr::T (&acc_o)[1][T
                                                     SoftmaxT& softmax, const LaneOffsets<Tr>& lo,
                                                     u32 q_base, u32 k_base,
                                                     u32 v_base, const int* absent_ids,
-                                                    const MaskT& mask, const XformT& xform,
+                                                    const MaskT& mask,
+                                                    const RowRangeIds<1>& range_ids,
+                                                    const XformT& xform,
                                                     float slope, int lane, int n_block, int row0,
                                                     int col_in_tile0, typename Tr::T c,
                                                     const AfterQK& after_qk) {
@@ -105,7 +107,7 @@ __device__ __forceinline__ void attend_tile_precise(typename Tr::T (&acc_o)[1][T
   const int tile_col0 = n_block * Tr::kBlockN;
   xform.apply(s, [&](int mi, int h) { return row0 + h * 8; }, [&](int, int) { return slope; },
               tile_col0 + col_in_tile0);
-  if constexpr (Is_masked) mask.apply(s, row0, tile_col0, col_in_tile0, absent_ids);
+  if constexpr (Is_masked) mask.apply(s, row0, tile_col0, col_in_tile0, absent_ids, range_ids);
 
   softmax.update(s, acc_o, c);  // s now holds P
 
@@ -180,6 +182,8 @@ __device__ __forceinline__ void flash_fwd_precise(const FwdParams& p, const Prec
   const int warp_row0 = warp * Tr::kWarpM;
   const int row0 = m0 + warp_row0 + (lane >> 2);  // sequence row of accumulator row g
   const int col_in_tile0 = (lane & 3) * 2;
+  // Each row's prefix range, looked up once per query tile (Mask::apply).
+  const RowRangeIds<1> range_ids(Window(p, seq.len_k, shift, bidb), row0);
 
   T acc_o[1][kDTiles][4];
   zero_fragments(acc_o);
@@ -246,11 +250,11 @@ __device__ __forceinline__ void flash_fwd_precise(const FwdParams& p, const Prec
           mask.window.template tile_needs_mask<kBlockN>(n_block, m0, m0 + rows_valid - 1);
       if (need_mask) {
         attend_tile_precise<Tr, Mma, true>(acc_o, softmax, lane_offsets, q_base, k_base, v_base, absent_ids,
-                                           mask, xform, slope, lane, n_block, row0,
+                                           mask, range_ids, xform, slope, lane, n_block, row0,
                                            col_in_tile0, c, after_qk);
       } else {
         attend_tile_precise<Tr, Mma, false>(acc_o, softmax, lane_offsets, q_base, k_base, v_base, absent_ids,
-                                            mask, xform, slope, lane, n_block, row0,
+                                            mask, range_ids, xform, slope, lane, n_block, row0,
                                             col_in_tile0, c, after_qk);
       }
       stage ^= 1;

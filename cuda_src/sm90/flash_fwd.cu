@@ -445,9 +445,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const Sm90Tile& w,
     }
     const u32 q_tile = sm.q + Tr::kWgRows * cw * wgmma::kSwizzleRowBytes;
     const Mask<Is_paged> mask(p, si.len_k, shift, bidb);
-    // The prefix range of this thread's two rows, looked up once (see Mask::apply).
-    const unsigned range_ids = unsigned(mask.window.row_range(row0) + 1) |
-                               (unsigned(mask.window.row_range(row0 + 8) + 1) << 16);
+    const RowRangeIds<1> range_ids(mask.window, row0);  // looked up once (see Mask::apply)
 
     // The ring position of a key tile (this query tile's run n_max - 1 down to n_min).
     auto stage_of = [&](int n_block) { return (it0 + n_max - 1 - n_block) % Tr::kStages; };

@@ -105,11 +105,9 @@ def test_varlen_and_paged_ranges_crossing_pages(prefill_arch, P):
     if P:
         k, v, table = scatter_into_pages(rng, ks, vs, P, dt)
         kw["block_table"] = cp.asarray(table)
-        kw["seqused_k"] = cp.asarray(np.array(lens, np.int32))
-        cu_k = None
     else:
         k, v = np.concatenate(ks), np.concatenate(vs)
-        cu_k = cp.asarray(cu)
+    cu_k = cp.asarray(cu)
     q = np.concatenate(qs)
     out = _poisoned(q.shape, dt)
     fa.flash_attn_varlen_func(cp.asarray(q), cp.asarray(k), cp.asarray(v), cp.asarray(cu), cu_k,
