@@ -146,7 +146,7 @@ class PagedKVCache:
         page_block_size: tokens per page, P (int >= 1; any size works, flash-attn uses 256,
             vLLM 8/16/32).
         num_heads_k: key/value heads, Hk.
-        head_dim: head dimension, D (1 .. 256, the kernels' range).
+        head_dim: head dimension, D (1 .. 512; float64 on the GPU 1 .. 128).
         dtype: float16, bfloat16 (``ml_dtypes.bfloat16`` or ``"bfloat16"``), float32, float64,
             or an FP8 cache: ``ml_dtypes.float8_e4m3fn`` (``"fp8"``, ``"fp8_e4m3"``) or
             ``float8_e5m2`` (``"fp8_e5m2"``), vLLM's ``kv_cache_dtype`` -- NumPy pools only so

@@ -33,11 +33,13 @@ from .errors import (
     explain,
 )
 
-#: Largest head dim the kernels are instantiated for (flash-attn's limit too).
-#: Head dims every entry point accepts (candle's paged limit); the CUDA kernels are instantiated
-#: up to MAX_GPU_HEAD_DIM (flash-attn's limit), the CPU backend takes any of them.
+#: Head dims every entry point accepts (candle's paged limit), on both backends: the CUDA
+#: kernels go to 512 with V-split tiles above 256 (sm80/kernel_traits.cuh); float64 and
+#: float32 at float32 accuracy stop earlier (below).
 MAX_HEAD_DIM = 512
-MAX_GPU_HEAD_DIM = 256
+MAX_GPU_HEAD_DIM = 512
+#: The float32 kernels at float32 / TF32 accuracy (precision "highest" / "high") stop here.
+MAX_GPU_HEAD_DIM_F32 = 256  # compile.PRECISE_HEAD_DIM_BUCKETS["f32"][-1]
 MAX_GPU_HEAD_DIM_F64 = 128  # compile.PRECISE_HEAD_DIM_BUCKETS["f64"][-1]
 
 #: Largest window side: the kernels take it as a 32-bit int (as flash-attn's C++ does); any side
@@ -268,10 +270,24 @@ def gpu_head_dim(D: int, on_gpu: bool, name: str, dtype=None):
             "use float32 on the GPU (float32 accuracy by default), NumPy arrays (the CPU "
             f"backend), or split each head into heads of at most {MAX_GPU_HEAD_DIM_F64} dims",
         )
-    if on_gpu and D > MAX_GPU_HEAD_DIM:
+    if on_gpu and dtype is not None and np.dtype(dtype) == np.float32 and D > MAX_GPU_HEAD_DIM_F32:
+        from .precision import get_float32_precision
+
+        mode = get_float32_precision()
+        if mode != "medium":
+            raise explain(
+                UnsupportedError, name,
+                f"float32 head dims above {MAX_GPU_HEAD_DIM_F32} run on the GPU only through "
+                f"16-bit operands (the float32-accuracy kernels stop at {MAX_GPU_HEAD_DIM_F32})",
+                f"1 <= head_dim <= {MAX_GPU_HEAD_DIM_F32} at precision {mode!r}", D,
+                'call cupy_flashattn.set_float32_precision("medium") (bf16 operands, up to '
+                f"{MAX_GPU_HEAD_DIM}), cast to bfloat16 / float16, or use NumPy arrays (the CPU "
+                "backend)",
+            )
+    if on_gpu and D > MAX_GPU_HEAD_DIM:  # unreachable while MAX_HEAD_DIM == MAX_GPU_HEAD_DIM
         raise explain(
             UnsupportedError, name,
-            f"head dims above {MAX_GPU_HEAD_DIM} run on the CPU backend only for now (the CUDA "
+            f"head dims above {MAX_GPU_HEAD_DIM} run on the CPU backend only (the CUDA "
             f"kernels are instantiated up to {MAX_GPU_HEAD_DIM})",
             f"1 <= head_dim <= {MAX_GPU_HEAD_DIM} with CuPy arrays", D,
             "use NumPy arrays (the CPU backend) for this head dim, or split each head into "

@@ -18,9 +18,10 @@ from cupy_flashattn._cuda import device_facts as df  # noqa: E402
 
 
 def _prefill_smem(t):
-    """Q tile + 2 stages of K and V tiles (bf16 rows) + 4 slots x 2 arrays of block_n ints."""
-    row = 2 * t.head_dim
-    return t.block_m * row + 2 * 2 * t.block_n * row + 2 * 4 * t.block_n * 4
+    """Q tile + 2 stages of K and V tiles (bf16 rows; a V-split V tile holds head_dim / v_splits
+    columns) + 4 slots x 2 arrays of block_n ints."""
+    row, row_v = 2 * t.head_dim, 2 * t.head_dim // t.v_splits
+    return t.block_m * row + 2 * t.block_n * (row + row_v) + 2 * 4 * t.block_n * 4
 
 
 def _decode_smem(d, stages):

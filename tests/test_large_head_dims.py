@@ -1,5 +1,5 @@
 """Head dims 257..512 (candle's paged limit): every entry point on the CPU backend against the
-float64 reference; the CUDA kernels stop at 256 for now and say so with a typed error."""
+float64 reference (the CUDA V-split kernels: tests/gpu/test_gpu_large_head_dims.py)."""
 
 from __future__ import annotations
 
@@ -47,10 +47,11 @@ def test_paged_varlen_and_kv_cache_large_head_dims(D, P):
 
 
 @pytest.mark.gpu
-def test_cuda_path_refuses_head_dims_above_256_with_a_typed_error():
+def test_float32_above_256_at_float32_accuracy_gets_a_typed_error_with_the_fix():
+    """The float32-accuracy kernels stop at 256; the error names the precision that runs it."""
     cp = pytest.importorskip("cupy")
-    q = cp.zeros((1, 4, 2, 320), np.float16)
-    with raises_explained(errors.UnsupportedError, "q", "CPU backend", "256"):
+    q = cp.zeros((1, 4, 2, 320), np.float32)
+    with raises_explained(errors.UnsupportedError, "q", "320", "set_float32_precision"):
         fa.flash_attn_func(q, q, q)
-    with raises_explained(errors.UnsupportedError, "head_dim", "CPU backend", "256"):
-        fa.PagedKVCache(4, 16, 2, 320, np.float16, xp=cp)
+    with raises_explained(errors.UnsupportedError, "head_dim", "float64", "128"):
+        fa.PagedKVCache(4, 16, 2, 200, np.float64, xp=cp)

@@ -243,3 +243,19 @@ def test_sm90_grid_switch_for_ab_runs_and_many_round_tests(monkeypatch):
     monkeypatch.setenv(schedule.SM90_GRID_ENV, "tiles")
     assert schedule.launch_grid(p, tr, "sm90", sm_count=H100_SMS) == (8 * 16 * 4, 1, 1)
     assert schedule.launch_grid(p, tr, "sm80", sm_count=H100_SMS) == (8, 16, 4)
+
+
+@pytest.mark.parametrize("D,bucket", [(264, 384), (384, 384), (448, 512), (512, 512)])
+@pytest.mark.parametrize("device_cc", [80, 90])
+def test_head_dims_above_256_run_the_v_split_prefill_on_both_architectures(D, bucket, device_cc):
+    """Decode and sm90 stop at 256: every launch of such a head dim (decode steps included) is
+    the sm80 prefill kernel with two V-split CTAs per (query tile, head)."""
+    for max_q in (1, 700):
+        p = _problem(B=3, max_q=max_q, max_k=900, H=8, Hk=2, D=D, dtype=np.float16)
+        assert route(p) == ("prefill", None)
+        (launch,) = describe_launches(p, sm_count=H100_SMS, device_cc=device_cc)
+        tr = cc.traits(bucket)
+        assert tr.v_splits == 2
+        assert launch["kernel"] == f"fa_fwd_f16_d{bucket}" and launch["arch"] == "sm80"
+        assert launch["grid"] == (-(-max_q // tr.block_m), 8 * 2, 3)
+        assert launch["smem"] == tr.smem_bytes <= 163 * 1024  # fits an A100 CTA

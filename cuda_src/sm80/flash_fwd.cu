@@ -48,8 +48,11 @@ __device__ __forceinline__ void attend_tile(float (&acc_o)[Tr::kMRep][Tr::kDTile
   constexpr int kMRep = Tr::kMRep, kNTiles = Tr::kNTiles, kDTiles = Tr::kDTiles;
   constexpr int kP = Tr::kSwzPeriod;
   constexpr int kRow16 = 16 * Tr::kRowBytes;  // bytes of 16 rows
+  constexpr int kRow16V = 16 * Tr::kRowBytesV;  // ... of 16 V rows
   const int lane_row = lane & 15, lane_hi = lane >> 4;  // ldmatrix: row lane%16, chunk 2j+lane/16
   const u32 q_row = q_base + lane_row * Tr::kRowBytes;
+  // chunk_off holds lane_row * kRowBytes; V rows are kRowBytesV apart (V-split tiles).
+  const u32 v_lane = v_base - lane_row * (Tr::kRowBytes - Tr::kRowBytesV);
   const u32 k_row = k_base + lane_row * Tr::kRowBytes;
   // Advancing j by kP chunk pairs moves 2 * kP chunks, i.e. 32 * kP bytes, within every row.
 
@@ -120,13 +123,13 @@ __device__ __forceinline__ void attend_tile(float (&acc_o)[Tr::kMRep][Tr::kDTile
   // fragment of the phase at once, which costs ~100 registers).
   constexpr int kDP = kDTiles / 2, kSteps = (kNTiles / 2) * kDP;
   u32 bv[2][4];
-  ldmatrix_x4_trans(bv[0], v_base + chunk_off[0]);
+  ldmatrix_x4_trans(bv[0], v_lane + chunk_off[0]);
 #pragma unroll
   for (int step = 0; step < kSteps; ++step) {
     if (step + 1 < kSteps) {
       const int kk = (step + 1) / kDP, dp = (step + 1) % kDP;
       ldmatrix_x4_trans(bv[(step + 1) & 1],
-                        v_base + chunk_off[dp % kP] + kk * kRow16 + (dp / kP) * 32 * kP);
+                        v_lane + chunk_off[dp % kP] + kk * kRow16V + (dp / kP) * 32 * kP);
     }
     const int kk = step / kDP, dp = step % kDP;
     const u32 (&b)[4] = bv[step & 1];  // .trans: d 16dp.. -> {b0, b1}; d 16dp+8.. -> {b2, b3}
@@ -141,11 +144,15 @@ __device__ __forceinline__ void attend_tile(float (&acc_o)[Tr::kMRep][Tr::kDTile
 template <class Tr, class Elem, bool Has_transform, bool Is_paged>
 __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
   constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kMRep = Tr::kMRep;
-  constexpr int kDTiles = Tr::kDTiles, kChunks = Tr::kChunks, kP = Tr::kSwzPeriod;
+  constexpr int kDTiles = Tr::kDTiles, kP = Tr::kSwzPeriod;
   extern __shared__ __align__(128) unsigned char smem[];
 
   const int tidx = threadIdx.x, warp = tidx >> 5, lane = tidx & 31;
-  const int bidb = blockIdx.z, bidh = blockIdx.y;
+  const int bidb = blockIdx.z, bidh = blockIdx.y / Tr::kVSplits;
+  // V-split (kernel_traits.cuh): this CTA's V / O columns [v_col0, v_col0 + kHeadDimV), of
+  // which hd_v are inside the head dim (> 0 for every bucket's head dims).
+  const int v_col0 = (blockIdx.y % Tr::kVSplits) * Tr::kHeadDimV;
+  const int hd_v = p.head_dim - v_col0;
   // Causal / local: high m_blocks see the most keys; launching them first shortens the tail.
   const int m_block =
       p.window_right >= 0 ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
@@ -168,7 +175,10 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
   const u32 sK0 = sQ + Tr::kSmemQ;
   const u32 sV0 = sK0 + Tr::kStages * Tr::kSmemKV;
   // Paged: page-id / row-in-page slots (page_slot<Tr>(table0, n)).
-  int* table0 = reinterpret_cast<int*>(smem + Tr::kSmemQ + 2 * Tr::kStages * Tr::kSmemKV);
+  int* table0 = reinterpret_cast<int*>(smem + Tr::kSmemQ + Tr::kStages * (Tr::kSmemKV + Tr::kSmemV));
+  using VL = VTileLayout<Tr>;
+  // Recomputed at each use from shared memory, as K's (no pointer pinned in registers).
+  auto v_head = [&]() { return p.v + seq.kv_head_off + v_col0; };
 
   const LogitTransform<Has_transform> xform(p, shift);
   const float slope = xform.slope(p, bidb, bidh);  // one query head per CTA: one ALiBi slope
@@ -211,7 +221,7 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
       const KVRows<Tr> rows = kv_rows<Tr, Is_paged>(page_slot<Tr>(table0, n_max - 1), p, seq,
                                                      n_max - 1, tidx, loaded_absent);
       copy_rows<Tr>(sK0, p.k + seq.kv_head_off, rows, p.head_dim, tidx);
-      copy_rows<Tr>(sV0, p.v + seq.kv_head_off, rows, p.head_dim, tidx);
+      copy_rows<VL>(sV0, v_head(), rows, hd_v, tidx);
     }
     if (Is_paged && n_max - 2 >= n_min)
       prefetch_pages<Tr>(page_slot<Tr>(table0, n_max - 2), p, seq, n_max - 2, tidx);
@@ -256,13 +266,12 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
         if (load_next) {
           if (Is_paged && n_block - 2 >= n_min)
             prefetch_pages<Tr>(page_slot<Tr>(table0, n_block - 2), p, seq, n_block - 2, tidx);
-          copy_rows<Tr>(sV0 + (stage ^ 1) * Tr::kSmemKV, p.v + seq.kv_head_off, next, p.head_dim,
-                        tidx);
+          copy_rows<VL>(sV0 + (stage ^ 1) * Tr::kSmemV, v_head(), next, hd_v, tidx);
         }
         cp_async_commit();
       };
 
-      const u32 k_base = sK0 + stage * Tr::kSmemKV, v_base = sV0 + stage * Tr::kSmemKV;
+      const u32 k_base = sK0 + stage * Tr::kSmemKV, v_base = sV0 + stage * Tr::kSmemV;
       // Paged: the tile's page ids when one of its keys sits on an absent page (CTA-uniform),
       // else null -- the mask then skips the per-key page test.
       const int* absent_ids = tile_has_absent ? page_slot<Tr>(table0, n_block).ids : nullptr;
@@ -304,20 +313,22 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
                       Elem::pack(acc_o[mi][dt][2 * h], acc_o[mi][dt][2 * h + 1]));
     }
   __syncwarp();
-  u16* o_tile = p.o + (i64)(seq.q_start + m0) * p.o_row_stride + (i64)bidh * p.o_head_stride;
-  constexpr int kWarpChunks = Tr::kWarpM * kChunks;
+  u16* o_tile = p.o + (i64)(seq.q_start + m0) * p.o_row_stride + (i64)bidh * p.o_head_stride +
+                v_col0;
+  constexpr int kChunksO = Tr::kChunksV;  // O columns of this CTA (staged in sQ's wider rows)
+  constexpr int kWarpChunks = Tr::kWarpM * kChunksO;
 #pragma unroll
   for (int i = 0; i < ceil_div(kWarpChunks, 32); ++i) {
     const int idx = i * 32 + lane;
     if (kWarpChunks % 32 != 0 && idx >= kWarpChunks) break;
-    const int row = warp_row0 + idx / kChunks, chunk = idx % kChunks;
-    if (row < rows_valid && chunk * 8 < p.head_dim) {
+    const int row = warp_row0 + idx / kChunksO, chunk = idx % kChunksO;
+    if (row < rows_valid && chunk * 8 < hd_v) {
       u32 r[4];
       ld_shared_v4(r, sQ + tile_offset<Tr>(row, chunk));
       st_global_v4(o_tile + row * p.o_row_stride + chunk * 8, r);
     }
   }
-  if (t == 0) {
+  if (t == 0 && v_col0 == 0) {  // one LSE per row: the first V-split CTA writes it
     float* lse_row = p.lse + (i64)bidh * p.lse_head_stride + seq.q_start + m0;
 #pragma unroll
     for (int mi = 0; mi < kMRep; ++mi)

@@ -8,10 +8,18 @@
 
 namespace fa {
 
+// V-splits (head dims 384 / 512, the dv-split): O of D columns does not fit a thread's
+// registers above D = 256 (16 rows x D / 32 lanes fp32 per warp: 256 at D = 512), so kVSplits
+// CTAs share each (query tile, head), every one computing S = Q K^T over the whole head dim and
+// O for its own kHeadDimV = kHeadDim / kVSplits columns of V (chunk blockIdx.y % kVSplits).
+// Q K^T is computed kVSplits times: D = 512 costs 1.5x the FLOPs of one pass, what a
+// register-resident O of 256 columns per CTA buys.
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kMinBlocksPerSm_,
-          int kQInRegs_ = 0>
+          int kQInRegs_ = 0, int kVSplits_ = 1>
 struct FwdTraitsBase {
-  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDim = kHeadDim_;  // Q / K row width (the bucket)
+  static constexpr int kVSplits = kVSplits_;
+  static constexpr int kHeadDimV = kHeadDim / kVSplits;  // V / O columns of one CTA
   static constexpr int kBlockM = kBlockM_;  // query rows per CTA
   static constexpr int kBlockN = kBlockN_;  // keys per K/V tile
   static constexpr int kNWarps = kNWarps_;
@@ -25,14 +33,19 @@ struct FwdTraitsBase {
   static constexpr int kWarpM = kBlockM / kNWarps;  // warps split the query rows, never keys
   static constexpr int kMRep = kWarpM / 16;         // m16 tiles per warp
   static constexpr int kNTiles = kBlockN / 8;       // n8 tiles of S per row block
-  static constexpr int kDTiles = kHeadDim / 8;      // n8 tiles of O
-  static constexpr int kChunks = kHeadDim / 8;      // 16-byte chunks per smem row
+  static constexpr int kDTiles = kHeadDimV / 8;     // n8 tiles of O
+  static constexpr int kChunks = kHeadDim / 8;      // 16-byte chunks per Q / K smem row
   static constexpr int kRowBytes = kHeadDim * 2;
+  static constexpr int kChunksV = kHeadDimV / 8;    // ... per V smem row
+  static constexpr int kRowBytesV = kHeadDimV * 2;
 
   static_assert(kWarpM % 16 == 0, "each warp owns whole m16 tiles");
   static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "k16 steps");
   static_assert(kChunks % 4 == 0, "swizzle needs rows of a multiple of 4 chunks");
   static_assert(!kQInRegs || kMRep == 1, "Q fragments in registers: one m16 tile per warp");
+  static_assert(kHeadDim % kVSplits == 0 && kHeadDimV % 16 == 0, "whole k16 steps of V");
+  static_assert(kVSplits == 1 || (kChunks % 8 == 0 && kChunksV % 8 == 0),
+                "V-split tiles: Q/K and V rows swizzle alike (chunk ^ row % 8)");
 
   // XOR swizzle of the 16-byte chunk index so that ldmatrix (8 rows, same logical chunk) and
   // the cp.async stores hit 8 distinct 16-byte bank groups:
@@ -50,8 +63,9 @@ struct FwdTraitsBase {
   static constexpr int kSwzPeriod = 1 << (kSwzBits - 1);
 
   static constexpr int kSmemQ = kBlockM * kRowBytes;
-  static constexpr int kSmemKV = kBlockN * kRowBytes;  // one K (or V) tile
-  // Q, K[kStages], V[kStages], then (paged kernels) kTblSlots page-id slots and kTblSlots
+  static constexpr int kSmemKV = kBlockN * kRowBytes;  // one K tile
+  static constexpr int kSmemV = kBlockN * kRowBytesV;  // one V tile (= kSmemKV unless V-split)
+  // Q, K[kStages], V[kStages] (kSmemV each), then (paged kernels) kTblSlots page-id slots and kTblSlots
   // row-in-page slots of kBlockN ints each: per key row of a tile, its block-table entry
   // (prefetched by cp.async two tiles ahead of its compute) and its row inside that page.  Tile
   // n uses slot n % kTblSlots from its prefetch (iteration n + 2) to its mask (iteration n),
@@ -59,7 +73,19 @@ struct FwdTraitsBase {
   // ~2 KB unused.
   static constexpr int kTblSlots = 4;
   static constexpr int kSmemTable = 2 * kTblSlots * kBlockN * 4;
-  static constexpr int kSmemBytes = kSmemQ + 2 * kStages * kSmemKV + kSmemTable;
+  static constexpr int kSmemBytes = kSmemQ + kStages * (kSmemKV + kSmemV) + kSmemTable;
+};
+
+// The layout of a V tile (kBlockN rows of kHeadDimV), for the tile copies and offsets that take
+// a layout (tile_io.cuh): with kVSplits = 1 exactly the traits' own.
+template <class Tr>
+struct VTileLayout {
+  static constexpr int kHeadDim = Tr::kHeadDimV;
+  static constexpr int kBlockN = Tr::kBlockN;
+  static constexpr int kNThreads = Tr::kNThreads;
+  static constexpr int kChunks = Tr::kChunksV;
+  static constexpr int kRowBytes = Tr::kRowBytesV;
+  __device__ __forceinline__ static int swizzle(int row, int chunk) { return Tr::swizzle(row, chunk); }
 };
 
 template <int kHeadDim>
@@ -91,5 +117,11 @@ template <> struct FwdTraits<192> : FwdTraitsBase<192, 64, 32, 4, 2> {};
 // 194 KB smem; 247 regs (paged 254).  v4 sweep (bf16, S = 4k): see NOTES.md v4 (64 x 32 at
 // 2 CTAs/SM, 96 KB, was v1-v4's choice).
 template <> struct FwdTraits<256> : FwdTraitsBase<256, 128, 64, 8, 1> {};
+// D = 384 / 512 (candle's paged limit): two V-split CTAs of 192 / 256 columns (see above),
+// 64 x 32 tiles on 4 warps.  512: Q 64 KB + K 2 x 32 KB + V 2 x 16 KB = 161 KB, under the 163 KB
+// an A100 CTA may take (8 warps need kBlockN >= 64 for the copy layout: 290 KB); 1 CTA/SM.
+// 384: 121 KB, also 1 CTA/SM (two would need 242 KB).
+template <> struct FwdTraits<384> : FwdTraitsBase<384, 64, 32, 4, 1, 0, 2> {};
+template <> struct FwdTraits<512> : FwdTraitsBase<512, 64, 32, 4, 1, 0, 2> {};
 
 }  // namespace fa

@@ -29,6 +29,7 @@ struct PreciseTraitsBase {
   static constexpr int kStages = 2;
   static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
   static constexpr int kQInRegs = 0;
+  static constexpr int kVSplits = 1;  // no V-split (kernel_traits.cuh): D <= 256
   static constexpr int kWarpM = kBlockM / kNWarps;
   static constexpr int kMRep = kWarpM / 16;
   static constexpr int kNTiles = kBlockN / 8;

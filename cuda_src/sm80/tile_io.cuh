@@ -132,10 +132,14 @@ __device__ __forceinline__ KVRows<Tr> kv_rows(PageSlot slot, const FwdParams& p,
 
 // Issue the cp.async copies of this thread's rows of one K or V tile into smem tile `s`.
 // Invalid rows and the D tail are zero-filled by cp.async's src-size 0 -- predicated, no branch.
-template <class Tr, class L = Tr, class E>
-__device__ __forceinline__ void copy_rows(u32 s, const E* head, const KVRows<Tr>& rows,
+// Tr: the tile's width (kChunks of chunk_elems<Tr>), e.g. VTileLayout<...> for a V-split tile;
+// `rows` may come from another width's KVRows (the same rows of the same key tile).
+template <class Tr, class L = Tr, class E, class RowsT>
+__device__ __forceinline__ void copy_rows(u32 s, const E* head, const RowsT& rows,
                                           int head_dim, int tidx) {
   using R = KVRows<Tr>;
+  static_assert(R::kRows == RowsT::kRows && R::kRowsPerPass == RowsT::kRowsPerPass,
+                "copy_rows: the rows were resolved for another thread layout");
   const int lane_chunk = tidx % R::kThreadsPerRow, row_t = tidx / R::kThreadsPerRow;
   // This thread's first chunk of row 0; chunk j of a row is a constant 64 j bytes further, an
   // immediate of the copy instruction -- one 64-bit add per row, not per chunk.

@@ -52,6 +52,7 @@ struct Sm90FwdTraitsBase {
   static constexpr int kNWarps = kNThreads / 32;
   static constexpr int kMinBlocksPerSm = 1;
   static constexpr int kQInRegs = 0;
+  static constexpr int kVSplits = 1;  // D > 256 runs on the sm80 family
   static constexpr int kProducerRegs = kProducerRegs_;
   // The rest of the entry allocation (168 x 384), a multiple of 8.
   static constexpr int kConsumerRegs = (168 * kNThreads - 128 * kProducerRegs) / (128 * kConsumerWGs) / 8 * 8;

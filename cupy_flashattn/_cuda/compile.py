@@ -47,7 +47,7 @@ __all__ = [
 
 log = logging.getLogger("cupy_flashattn")
 
-HEAD_DIM_BUCKETS = (32, 64, 96, 128, 160, 192, 256)
+HEAD_DIM_BUCKETS = (32, 64, 96, 128, 160, 192, 256, 384, 512)
 #: The Hopper family's buckets: whole 64-column (128-byte) swizzle blocks (sm90/wgmma.cuh).
 SM90_HEAD_DIM_BUCKETS = (64, 128, 192, 256)
 DTYPES = ("f16", "bf16")
@@ -200,6 +200,7 @@ class Traits:
     q_in_regs: int = 0
     stages: int = 2
     smem: int = 0  # kSmemBytes when known; else asked of the compiler (smem_bytes)
+    v_splits: int = 1  # CTAs per (query tile, head), each with head_dim / v_splits V columns
 
     @property
     def num_threads(self) -> int:
@@ -218,7 +219,7 @@ class Traits:
     def cxx(self) -> str:
         """The ``fa::FwdTraitsBase<...>`` these numbers describe."""
         return (f"fa::FwdTraitsBase<{self.head_dim}, {self.block_m}, {self.block_n}, "
-                f"{self.num_warps}, {self.min_blocks_per_sm}, {self.q_in_regs}>")
+                f"{self.num_warps}, {self.min_blocks_per_sm}, {self.q_in_regs}, {self.v_splits}>")
 
     @property
     def register_budget(self) -> int:
@@ -252,7 +253,7 @@ def _trait_table(arch: str = "sm80") -> dict:
     for d, f in prefill_facts(arch).items():
         assert f["kHeadDim"] == d, f"{arch}/kernel_traits.cuh: traits<{d}> has kHeadDim {f['kHeadDim']}"
         table[d] = Traits(d, f["kBlockM"], f["kBlockN"], f["kNWarps"], f["kMinBlocksPerSm"],
-                          f["kQInRegs"], f["kStages"], f["kSmemBytes"])
+                          f["kQInRegs"], f["kStages"], f["kSmemBytes"], f["kVSplits"])
     return table
 
 

@@ -32,7 +32,7 @@ __all__ = ["PREFILL_FACTS", "DECODE_FACTS", "prefill_facts", "decode_facts", "tr
 
 #: Members of ``fa::FwdTraitsBase`` the host reads.
 PREFILL_FACTS = ("kHeadDim", "kBlockM", "kBlockN", "kNWarps", "kMinBlocksPerSm", "kQInRegs",
-                 "kStages", "kSmemBytes")
+                 "kStages", "kSmemBytes", "kVSplits")
 #: Members of ``fa::DecodeTraits<D>`` then ``fa::DecodeSmem<D>`` the host reads.
 DECODE_FACTS = ("kStages", "kMinBlocks", "kBytes")
 

@@ -71,7 +71,8 @@ def prefill_arch(head_dim: int, transform: bool, paged: bool, device_cc=None) ->
     """The prefill kernel family for a problem: forced (force_prefill_arch, then the environment
     variable), else sm90 on a compute capability 9.0 device and sm80 elsewhere.  sm_90a code
     runs only on 9.0, so a forced sm90 on another device is an error, not a silent fallback;
-    the instantiations sm90 does not ship (compile.SM90_UNSHIPPED) run on sm80."""
+    the instantiations sm90 does not ship (compile.SM90_UNSHIPPED) and head dims above its
+    largest bucket (256) run on sm80."""
     import os
 
     forced = _FORCED["arch"] or os.environ.get(PREFILL_ARCH_ENV, "auto") or "auto"
@@ -83,8 +84,8 @@ def prefill_arch(head_dim: int, transform: bool, paged: bool, device_cc=None) ->
     if forced == "sm90" and cc != 90:
         raise ValueError(f"{PREFILL_ARCH_ENV}=sm90: the sm_90a kernels need a compute capability "
                          f"9.0 GPU, this one is {cc // 10}.{cc % 10}. Fix: unset it (auto) or use sm80.")
-    if cc != 90:
-        return "sm80"
+    if cc != 90 or head_dim > SM90_HEAD_DIM_BUCKETS[-1]:
+        return "sm80"  # head dims 257..512: the sm80 family's V-split kernels (kernel_traits.cuh)
     bucket = bucket_for(head_dim, SM90_HEAD_DIM_BUCKETS)
     return "sm80" if (bucket, transform, paged) in SM90_UNSHIPPED else "sm90"
 

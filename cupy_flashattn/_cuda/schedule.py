@@ -24,10 +24,12 @@ __all__ = ["prefill_grid", "persistent_grid", "uniform_lengths", "snake_makespan
 
 
 def prefill_grid(problem: AttentionProblem, tr) -> tuple:
-    """(query tiles of the longest sequence, heads, batch): one CTA per block_m queries of one
-    head of one sequence (a varlen CTA past its sequence's end exits at once)."""
+    """(query tiles of the longest sequence, heads x V-splits, batch): one CTA per block_m
+    queries of one head of one sequence (a varlen CTA past its sequence's end exits at once),
+    and per V-split chunk of its head dim (``tr.v_splits``: head dims 384 / 512,
+    sm80/kernel_traits.cuh; the chunk is blockIdx.y % v_splits)."""
     p = problem
-    return (-(-int(p.max_seqlen_q) // tr.block_m), p.num_heads, int(p.batch_size))
+    return (-(-int(p.max_seqlen_q) // tr.block_m), p.num_heads * tr.v_splits, int(p.batch_size))
 
 
 def _tile_work(problem: AttentionProblem, tiles_m: int, block_m: int, block_n: int) -> np.ndarray:

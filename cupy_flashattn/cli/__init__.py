@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seqlen", type=_int_in(1, 1 << 20, "the sequence length"), metavar="S",
                    help="prefill sequence length, >= 1 (default: 2048 on GPU, 512 on CPU)")
     s.add_argument("--head-dim", type=_int_in(1, 512, "the head dim"), metavar="D",
-                   help="head dim, 1..512 (1..256 on the GPU; default: 128 on GPU, 64 on CPU)")
+                   help="head dim, 1..512 (default: 128 on GPU, 64 on CPU)")
     s.add_argument("--repeats", type=_int_in(1, None, "the number of timed runs"), default=5,
                    metavar="N", help="timed runs per provider, >= 1 (default 5)")
     s.add_argument("--pool-pages", type=_int_in(1, 1 << 24, "a pool size in pages"), nargs="+",
