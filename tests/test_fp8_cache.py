@@ -181,6 +181,9 @@ def test_fp8_on_the_gpu_is_refused_before_anything_is_allocated():
 def test_fp8_cupy_arrays_are_refused():
     cupy = pytest.importorskip("cupy")
     q = cupy.zeros((1, 4, 2, 64), np.float16)
-    k8 = cupy.zeros((1, 8, 2, 64), E4M3)
+    try:
+        k8 = cupy.zeros((1, 8, 2, 64), E4M3)
+    except (ValueError, TypeError) as e:  # CuPy 13 has no float8 dtype: no such array exists
+        pytest.skip(f"this CuPy cannot hold float8 arrays ({e})")
     with raises_explained(errors.UnsupportedError, "k", "CPU backend"):
         fa.flash_attn_func(q, k8, k8)
