@@ -118,10 +118,12 @@ template <> struct FwdTraits<192> : FwdTraitsBase<192, 64, 32, 4, 2> {};
 // 2 CTAs/SM, 96 KB, was v1-v4's choice).
 template <> struct FwdTraits<256> : FwdTraitsBase<256, 128, 64, 8, 1> {};
 // D = 384 / 512 (candle's paged limit): two V-split CTAs of 192 / 256 columns (see above),
-// 64 x 32 tiles on 4 warps.  512: Q 64 KB + K 2 x 32 KB + V 2 x 16 KB = 161 KB, under the 163 KB
-// an A100 CTA may take (8 warps need kBlockN >= 64 for the copy layout: 290 KB); 1 CTA/SM.
-// 384: 121 KB, also 1 CTA/SM (two would need 242 KB).
-template <> struct FwdTraits<384> : FwdTraitsBase<384, 64, 32, 4, 1, 0, 2> {};
-template <> struct FwdTraits<512> : FwdTraitsBase<512, 64, 32, 4, 1, 0, 2> {};
+// 128 x 32 tiles on 8 warps (16 rows each: O 128 / 96 fp32 per thread), 1 CTA/SM.  512: Q 128 KB
+// + K 2 x 32 KB + V 2 x 16 KB = 225 KB of the 227 KB a Hopper CTA may take (like D = 256, more
+// than an A100's 163 KB); 384: 169 KB.  The first build, 64 x 32 on 4 warps (161 KB), measured
+// 85 TFLOP/s at D = 512 (bf16, S = 4k; torch SDPA efficient 151): 4 warps per SM could not
+// hide the ldmatrix latency of a 512-wide Q K^T, and every K tile was read for 64 rows only.
+template <> struct FwdTraits<384> : FwdTraitsBase<384, 128, 32, 8, 1, 0, 2> {};
+template <> struct FwdTraits<512> : FwdTraitsBase<512, 128, 32, 8, 1, 0, 2> {};
 
 }  // namespace fa

@@ -78,14 +78,17 @@ __device__ __forceinline__ void prefetch_pages(PageSlot slot, const FwdParams& p
 // (2 at kBlockN = 64) -- the per-row address math is what a paged tile pays on top of a dense
 // one (v2 had 16 threads per row: 8 rows per thread, NOTES.md v3).  Smem stores of one
 // instruction hit 8 rows x 4 chunks = all 32 banks 4 times (the swizzle spreads row % 8).
+// A CTA with more than 4 threads per key row of its tile (8 warps over 32-key tiles, the
+// 384 / 512 buckets) takes kNThreads / kBlockN threads per row: 128 contiguous bytes of each of
+// 4 rows per instruction, one row per thread.
 template <class Tr>
 struct KVRows {
-  static constexpr int kThreadsPerRow = 4;
+  static constexpr int kThreadsPerRow = Tr::kNThreads / Tr::kBlockN > 4 ? Tr::kNThreads / Tr::kBlockN : 4;
   static constexpr int kRowsPerPass = Tr::kNThreads / kThreadsPerRow;
   static constexpr int kRows = Tr::kBlockN / kRowsPerPass;
   static constexpr int kChunksPerThread = Tr::kChunks / kThreadsPerRow;
   static_assert(Tr::kChunks % kThreadsPerRow == 0 && Tr::kBlockN % kRowsPerPass == 0 &&
-                    kRowsPerPass % 8 == 0,
+                    kRowsPerPass % 4 == 0,
                 "KVRows: rows of the tile split evenly over the passes");
   i64 off[kRows];  // element offset of row row_t + i * kRowsPerPass (0 when !ok)
   bool ok[kRows];  // a key (pos < len_k) on a present page
