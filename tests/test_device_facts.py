@@ -24,10 +24,12 @@ def _prefill_smem(t):
     return t.block_m * row + 2 * t.block_n * (row + row_v) + 2 * 4 * t.block_n * 4
 
 
-def _decode_smem(d, stages):
-    """Q (16 padded rows) + max(4 warps x stages x (K + V) 16-row tiles, fp32 merge buffer)."""
-    row = (d + 8) * 2
-    return 16 * row + max(4 * stages * 2 * 16 * row, 4 * 16 * (d + 8) * 4)
+def _decode_smem(d, stages, v_splits=1):
+    """Q (16 padded rows) + max(4 warps x stages x (K + V) 16-row tiles, fp32 merge buffer); a
+    V-split CTA's V tiles and merge rows hold d / v_splits columns."""
+    dv = d // v_splits
+    row, row_v = (d + 8) * 2, (dv + 8) * 2
+    return 16 * row + max(4 * stages * 16 * (row + row_v), 4 * 16 * (dv + 8) * 4)
 
 
 @pytest.mark.parametrize("d", cc.HEAD_DIM_BUCKETS)
@@ -45,7 +47,8 @@ def test_prefill_traits_come_from_the_compiler(d):
 def test_decode_traits_come_from_the_compiler(d):
     key = dc.DecodeKey("bf16", d)
     assert 1 <= key.min_blocks <= 4 and key.stages >= 2
-    assert dc.smem_bytes(d) == _decode_smem(d, key.stages)
+    assert dc.smem_bytes(d) == _decode_smem(d, key.stages, key.v_splits)
+    assert key.v_splits == (2 if d > 256 else 1)
     assert dc.smem_bytes(d) * key.min_blocks <= 227 * 1024  # fits an H100/H200 SM
 
 

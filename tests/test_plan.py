@@ -247,15 +247,22 @@ def test_sm90_grid_switch_for_ab_runs_and_many_round_tests(monkeypatch):
 
 @pytest.mark.parametrize("D,bucket", [(264, 384), (384, 384), (448, 512), (512, 512)])
 @pytest.mark.parametrize("device_cc", [80, 90])
-def test_head_dims_above_256_run_the_v_split_prefill_on_both_architectures(D, bucket, device_cc):
-    """Decode and sm90 stop at 256: every launch of such a head dim (decode steps included) is
-    the sm80 prefill kernel with two V-split CTAs per (query tile, head)."""
-    for max_q in (1, 700):
-        p = _problem(B=3, max_q=max_q, max_k=900, H=8, Hk=2, D=D, dtype=np.float16)
-        assert route(p) == ("prefill", None)
-        (launch,) = describe_launches(p, sm_count=H100_SMS, device_cc=device_cc)
-        tr = cc.traits(bucket)
-        assert tr.v_splits == 2
-        assert launch["kernel"] == f"fa_fwd_f16_d{bucket}" and launch["arch"] == "sm80"
-        assert launch["grid"] == (-(-max_q // tr.block_m), 8 * 2, 3)
-        assert launch["smem"] == tr.smem_bytes <= 227 * 1024  # a Hopper CTA's limit
+def test_head_dims_above_256_run_v_split_kernels_on_both_architectures(D, bucket, device_cc):
+    """sm90 stops at 256: prefill of such a head dim is the sm80 kernel with two V-split CTAs
+    per (query tile, head); a decode step the decode kernel with two per (tile, kv head)."""
+    p = _problem(B=3, max_q=700, max_k=900, H=8, Hk=2, D=D, dtype=np.float16)
+    assert route(p) == ("prefill", None)
+    (launch,) = describe_launches(p, sm_count=H100_SMS, device_cc=device_cc)
+    tr = cc.traits(bucket)
+    assert tr.v_splits == 2
+    assert launch["kernel"] == f"fa_fwd_f16_d{bucket}" and launch["arch"] == "sm80"
+    assert launch["grid"] == (-(-700 // tr.block_m), 8 * 2, 3)
+    assert launch["smem"] == tr.smem_bytes <= 227 * 1024  # a Hopper CTA's limit
+    p = _problem(B=3, max_q=1, max_k=4096, H=8, Hk=2, D=D, dtype=np.float16)
+    assert route(p) == ("decode", None)
+    (launch,) = describe_launches(p, sm_count=H100_SMS, device_cc=device_cc)
+    key = dc.DecodeKey("f16", bucket)
+    assert key.v_splits == 2 and launch["kernel"] == f"fa_decode_f16_d{bucket}"
+    # 1 tile x 2 kv heads x 2 V-splits x 3 sequences = 12 CTAs: split the keys.
+    assert launch["splits"] == dc.num_splits_heuristic(12, 4096, H100_SMS, key.min_blocks) > 1
+    assert launch["grid"] == (launch["splits"], 2 * 2, 3)

@@ -55,19 +55,30 @@ struct DecodeParams {
 // the 8 row addresses of one ldmatrix phase fall in 8 different bank groups.
 // Little's law: ~4.8 TB/s x ~1.5 us / 132 SMs ~ 55 KB in flight per SM are needed; every
 // configuration below keeps >= 100 KB in flight per SM.
+// kVSplits (head dims 384 / 512, as the prefill's V-split, sm80/kernel_traits.cuh): a warp's O
+// is 16 rows x D fp32 (D / 2 per lane), too many registers above 256, so kVSplits CTAs share each
+// (tile, kv head, sequence), each computing S over the whole head dim and O for its
+// kD / kVSplits columns of V (blockIdx.y = hk * kVSplits + chunk).  K is read kVSplits times.
 template <int kD> struct DecodeTraits;
-template <> struct DecodeTraits<64>  { static constexpr int kStages = 4, kMinBlocks = 3; };  // 78 KB/CTA
-template <> struct DecodeTraits<128> { static constexpr int kStages = 3, kMinBlocks = 2; };  // 109 KB/CTA
-template <> struct DecodeTraits<256> { static constexpr int kStages = 3, kMinBlocks = 1; };  // 211 KB/CTA
+struct DecodeTraitsBase { static constexpr int kVSplits = 1; };
+template <> struct DecodeTraits<64> : DecodeTraitsBase { static constexpr int kStages = 4, kMinBlocks = 3; };  // 78 KB/CTA
+template <> struct DecodeTraits<128> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 2; };  // 109 KB/CTA
+template <> struct DecodeTraits<256> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 1; };  // 211 KB/CTA
+// 2 stages: 3 would pass the 227 KB limit (384: 234 KB).  512: 212 KB/CTA; 384: 160 KB/CTA.
+template <> struct DecodeTraits<384> { static constexpr int kStages = 2, kMinBlocks = 1, kVSplits = 2; };
+template <> struct DecodeTraits<512> { static constexpr int kStages = 2, kMinBlocks = 1, kVSplits = 2; };
 
 template <int kD>
 struct DecodeSmem {
-  static constexpr int kRowBytes = (kD + 8) * 2;
+  static constexpr int kDV = kD / DecodeTraits<kD>::kVSplits;  // V / O columns of a CTA
+  static constexpr int kRowBytes = (kD + 8) * 2;    // Q and K rows
+  static constexpr int kRowBytesV = (kDV + 8) * 2;  // V rows
   static constexpr int kTileBytes = kDecodeTileN * kRowBytes;
+  static constexpr int kTileBytesV = kDecodeTileN * kRowBytesV;
   static constexpr int kQBytes = kDecodeRows * kRowBytes;
-  static constexpr int kStageBytes = 2 * kTileBytes;  // K then V
+  static constexpr int kStageBytes = kTileBytes + kTileBytesV;  // K then V
   static constexpr int kWarpBytes = DecodeTraits<kD>::kStages * kStageBytes;
-  static constexpr int kMergeRow = kD + 8;  // floats per row of the cross-warp merge buffer
+  static constexpr int kMergeRow = kDV + 8;  // floats per row of the cross-warp merge buffer
   static constexpr int kMergeBytes = kDecodeWarps * kDecodeRows * kMergeRow * 4;
   static constexpr int kRingBytes = kDecodeWarps * kWarpBytes;
   static constexpr int kBytes = kQBytes + (kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes);
@@ -80,6 +91,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
   using Sm = DecodeSmem<kD>;
   constexpr int kStages = DecodeTraits<kD>::kStages;
   constexpr int kChunks = kD / 8;  // 16-byte chunks per row (bucket width)
+  constexpr int kVSplits = DecodeTraits<kD>::kVSplits, kDV = Sm::kDV, kChunksV = kDV / 8;
   const FwdParams& p = dp.f;
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float s_m[kDecodeWarps][kDecodeRows], s_l[kDecodeWarps][kDecodeRows];
@@ -87,8 +99,10 @@ __device__ void flash_decode(const DecodeParams& dp) {
 
   const int tidx = threadIdx.x, warp = tidx / 32, lane = tidx & 31;
   const int split = blockIdx.x % dp.num_splits, m_block = blockIdx.x / dp.num_splits;
-  const int hk = blockIdx.y, bidb = blockIdx.z;
+  const int hk = blockIdx.y / kVSplits, bidb = blockIdx.z;
   const int g = p.h_per_kv, hd = p.head_dim;
+  // V-split: this CTA's V / O columns [v_col0, v_col0 + kDV), hd_v of them inside the head dim.
+  const int v_col0 = (blockIdx.y % kVSplits) * kDV, hd_v = hd - v_col0;
 
   int q_start, len_q, k_start, len_k;
   const int* table;
@@ -146,14 +160,34 @@ __device__ void flash_decode(const DecodeParams& dp) {
   // Issue the cp.async copies of the warp's j-th tile (key offsets `off`) into ring slot `slot`.
   auto issue = [&](int slot, i64 off) {
     const u32 kdst = ring + slot * Sm::kStageBytes, vdst = kdst + Sm::kTileBytes;
+    if constexpr (kVSplits == 1) {  // K and V rows alike: one address per chunk for both
 #pragma unroll
-    for (int i = 0; i < kChunks / 2; ++i) {
-      const int idx = lane + 32 * i, r = idx / kChunks, c = idx % kChunks;
-      const i64 o = __shfl_sync(0xffffffffu, off, r);
-      const bool ok = o >= 0 && c * 8 < hd;
-      const i64 e = ok ? o + kv_head_off + c * 8 : 0;
-      cp_async_16(kdst + r * Sm::kRowBytes + c * 16, p.k + e, ok);
-      cp_async_16(vdst + r * Sm::kRowBytes + c * 16, p.v + e, ok);
+      for (int i = 0; i < kChunks / 2; ++i) {
+        const int idx = lane + 32 * i, r = idx / kChunks, c = idx % kChunks;
+        const i64 o = __shfl_sync(0xffffffffu, off, r);
+        const bool ok = o >= 0 && c * 8 < hd;
+        const i64 e = ok ? o + kv_head_off + c * 8 : 0;
+        cp_async_16(kdst + r * Sm::kRowBytes + c * 16, p.k + e, ok);
+        cp_async_16(vdst + r * Sm::kRowBytes + c * 16, p.v + e, ok);
+      }
+    } else {  // K: whole rows; V: this CTA's kDV columns from v_col0
+      // Unrolled by 4, not fully: 32 + 16 unrolled copies (D = 512) held their addresses at
+      // once and spilled 16-72 bytes beside O's 128 accumulators (ptxas, sm_80).
+#pragma unroll 4
+      for (int i = 0; i < kChunks / 2; ++i) {
+        const int idx = lane + 32 * i, r = idx / kChunks, c = idx % kChunks;
+        const i64 o = __shfl_sync(0xffffffffu, off, r);
+        const bool ok = o >= 0 && c * 8 < hd;
+        cp_async_16(kdst + r * Sm::kRowBytes + c * 16, p.k + (ok ? o + kv_head_off + c * 8 : 0), ok);
+      }
+#pragma unroll 4
+      for (int i = 0; i < kChunksV / 2; ++i) {
+        const int idx = lane + 32 * i, r = idx / kChunksV, c = idx % kChunksV;
+        const i64 o = __shfl_sync(0xffffffffu, off, r);
+        const bool ok = o >= 0 && c * 8 < hd_v;
+        const i64 e = ok ? o + kv_head_off + v_col0 + c * 8 : 0;
+        cp_async_16(vdst + r * Sm::kRowBytesV + c * 16, p.v + e, ok);
+      }
     }
   };
   auto tile_of = [&](int j) { return t_begin + warp + j * kDecodeWarps; };
@@ -184,7 +218,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
   }
   const float c = xform.log2_scale;
 
-  float o[1][kD / 8][4];
+  float o[1][kDV / 8][4];
   zero_fragments(o);
   OnlineSoftmax<1> softmax;
   softmax.init();
@@ -233,11 +267,12 @@ __device__ void flash_decode(const DecodeParams& dp) {
     pa[1] = Elem::pack(s[0][0][2], s[0][0][3]);
     pa[2] = Elem::pack(s[0][1][0], s[0][1][1]);
     pa[3] = Elem::pack(s[0][1][2], s[0][1][3]);
+    const u32 lrow_v = (lane & 15) * Sm::kRowBytesV + (lane >> 4) * 16;  // = lrow unless V-split
 #pragma unroll
-    for (int dd = 0; dd < kD / 16; ++dd) {
-      if (dd * 16 < hd) {
+    for (int dd = 0; dd < kDV / 16; ++dd) {
+      if (dd * 16 < hd_v) {
         u32 vb[4];
-        ldmatrix_x4_trans(vb, vs + lrow + dd * 32);
+        ldmatrix_x4_trans(vb, vs + lrow_v + dd * 32);
         Elem::mma(o[0][2 * dd], pa, vb[0], vb[1]);
         Elem::mma(o[0][2 * dd + 1], pa, vb[2], vb[3]);
       }
@@ -274,7 +309,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
     const float f = part_weight(softmax.row_max[0][h], c, shift_r);  // this warp's weight
     float* dst = merge + ((warp * kDecodeRows) + r) * Sm::kMergeRow + 2 * tq;
 #pragma unroll
-    for (int n = 0; n < kD / 8; ++n) {
+    for (int n = 0; n < kDV / 8; ++n) {
       dst[n * 8] = o[0][n][2 * h] * f;
       dst[n * 8 + 1] = o[0][n][2 * h + 1] * f;
     }
@@ -289,12 +324,12 @@ __device__ void flash_decode(const DecodeParams& dp) {
   __syncthreads();
 
   // Sum the scaled warp partials, normalize, store (4 columns per thread per step).
-  constexpr int kC4 = kD / 4;
+  constexpr int kC4 = kDV / 4;
   const bool split_mode = dp.num_splits > 1;
   for (int idx = tidx; idx < kDecodeRows * kC4; idx += kDecodeThreads) {
     const int r = idx / kC4, d = (idx % kC4) * 4;
     const int pr = row0 + r;
-    if (pr >= rows_total || d >= hd) continue;
+    if (pr >= rows_total || d >= hd_v) continue;
     const int qrow = q_start + pr / g, head = hk * g + pr % g;
     const float mm = s_rowm[r], ll = s_rowl[r];
     // ll == 0 iff the row saw no key (the max element contributes exp2(0) = 1); ll is NaN
@@ -317,17 +352,17 @@ __device__ void flash_decode(const DecodeParams& dp) {
     const float lse = fold.lse;
     if (split_mode) {
       if (!empty) {  // an empty split writes no O: its lse -inf gives it weight 0
-        float* dst = dp.oaccum + (((i64)split * p.total_q + qrow) * p.num_heads + head) * hd + d;
+        float* dst = dp.oaccum + (((i64)split * p.total_q + qrow) * p.num_heads + head) * hd + v_col0 + d;
         asm volatile("st.global.v4.f32 [%0], {%1,%2,%3,%4};" ::"l"(dst), "f"(acc[0] * inv),
                      "f"(acc[1] * inv), "f"(acc[2] * inv), "f"(acc[3] * inv) : "memory");
       }
-      if (d == 0) dp.lse_accum[((i64)split * p.num_heads + head) * p.total_q + qrow] = lse;
+      if (d == 0 && v_col0 == 0) dp.lse_accum[((i64)split * p.num_heads + head) * p.total_q + qrow] = lse;
     } else {
-      u16* dst = p.o + (i64)qrow * p.o_row_stride + (i64)head * p.o_head_stride + d;
+      u16* dst = p.o + (i64)qrow * p.o_row_stride + (i64)head * p.o_head_stride + v_col0 + d;
       if (empty) acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
       const u32 lo2 = Elem::pack(acc[0] * inv, acc[1] * inv), hi2 = Elem::pack(acc[2] * inv, acc[3] * inv);
       asm volatile("st.global.v2.b32 [%0], {%1,%2};" ::"l"(dst), "r"(lo2), "r"(hi2) : "memory");
-      if (d == 0) p.lse[(i64)head * p.lse_head_stride + qrow] = lse;
+      if (d == 0 && v_col0 == 0) p.lse[(i64)head * p.lse_head_stride + qrow] = lse;
     }
   }
 }

@@ -94,7 +94,8 @@ def describe_launches(problem, sm_count=None, arch=None, device_cc=None) -> tupl
     out = []
     if kind in ("decode", "mixed"):
         key, m_blocks, splits = decode_plan(problem, len_q_max=limit, sm_count=sm_count)
-        out.append(dict(kernel=key.name, arch=key.arch, grid=decode_grid(problem, m_blocks, splits),
+        grid = decode_grid(problem, m_blocks, splits, key.v_splits)
+        out.append(dict(kernel=key.name, arch=key.arch, grid=grid,
                         block=(DECODE_THREADS,), smem=decode_smem(key.head_dim), splits=splits,
                         len_q=(1, limit) if limit is not None else (1, None)))
     if kind in ("prefill", "mixed"):

@@ -55,7 +55,8 @@ __all__ = [
 
 log = logging.getLogger("cupy_flashattn")
 
-DECODE_BUCKETS = (64, 128, 256)
+#: 384 / 512: V-split CTAs (flash_decode.cu DecodeTraits::kVSplits), as the prefill's.
+DECODE_BUCKETS = (64, 128, 256, 384, 512)
 # fa::kDecodeRows and fa::kDecodeWarps * 32 (flash_decode.cu); every generated decode entry
 # point static_asserts both, so they cannot drift.  Per-bucket stages, occupancy and shared
 # memory are read from the compiler (device_facts.py).
@@ -123,6 +124,11 @@ class DecodeKey:
     @property
     def min_blocks(self) -> int:
         return decode_facts()[self.head_dim]["kMinBlocks"]
+
+    @property
+    def v_splits(self) -> int:
+        """CTAs per (tile, kv head, sequence), each with head_dim / v_splits V columns."""
+        return decode_facts()[self.head_dim]["kVSplits"]
 
     @property
     def register_budget(self) -> int:
@@ -301,7 +307,7 @@ def plan(problem: AttentionProblem, len_q_max=None, sm_count=None):
     g = p.num_heads // p.num_heads_k
     longest = int(p.max_seqlen_q) if len_q_max is None else min(int(p.max_seqlen_q), int(len_q_max))
     m_blocks = max(1, -(-longest * g // DECODE_ROWS))
-    ctas = m_blocks * p.num_heads_k * int(p.batch_size)
+    ctas = m_blocks * p.num_heads_k * key.v_splits * int(p.batch_size)
     if len_q_max is not None:
         return key, m_blocks, 1
     if p.num_splits and p.num_splits > 0:
@@ -316,10 +322,11 @@ def plan(problem: AttentionProblem, len_q_max=None, sm_count=None):
     return key, m_blocks, splits
 
 
-def decode_grid(problem: AttentionProblem, m_blocks: int, splits: int) -> tuple:
-    """(splits x packed 16-row tiles, kv heads, batch): one CTA per tile of the packed
-    (query, head) rows of one kv head of one sequence, per key split."""
-    return (splits * m_blocks, problem.num_heads_k, int(problem.batch_size))
+def decode_grid(problem: AttentionProblem, m_blocks: int, splits: int, v_splits: int = 1) -> tuple:
+    """(splits x packed 16-row tiles, kv heads x V-splits, batch): one CTA per tile of the
+    packed (query, head) rows of one kv head of one sequence, per key split, and per V-split
+    chunk of the head dim (384 / 512: blockIdx.y = kv head * v_splits + chunk)."""
+    return (splits * m_blocks, problem.num_heads_k * v_splits, int(problem.batch_size))
 
 
 class DecodePlan:
@@ -336,7 +343,7 @@ class DecodePlan:
         self.kernel = _decode_kernel(self.key)
         self.smem = smem_bytes(self.key.head_dim)
         self.len_q_max = INT_MAX if len_q_max is None else int(len_q_max)
-        self.grid = decode_grid(p, self.m_blocks, self.splits)
+        self.grid = decode_grid(p, self.m_blocks, self.splits, self.key.v_splits)
         self.empty = not (p.total_q > 0 and p.batch_size > 0 and p.max_seqlen_q > 0)
         d8 = -(-p.head_dim // 8) * 8
         H, total_q = p.num_heads, p.total_q

@@ -34,7 +34,7 @@ __all__ = ["PREFILL_FACTS", "DECODE_FACTS", "prefill_facts", "decode_facts", "tr
 PREFILL_FACTS = ("kHeadDim", "kBlockM", "kBlockN", "kNWarps", "kMinBlocksPerSm", "kQInRegs",
                  "kStages", "kSmemBytes", "kVSplits")
 #: Members of ``fa::DecodeTraits<D>`` then ``fa::DecodeSmem<D>`` the host reads.
-DECODE_FACTS = ("kStages", "kMinBlocks", "kBytes")
+DECODE_FACTS = ("kStages", "kMinBlocks", "kBytes", "kVSplits")
 
 _ARRAY_RE = re.compile(r"fa_facts\[(\d+)\]\s*=\s*\{([^}]*)\}")
 
@@ -98,9 +98,10 @@ def _all_facts() -> dict:
     exprs = [f"fa::DecodeTraits<{d}>::kStages" for d in DECODE_BUCKETS]
     exprs += [f"fa::DecodeTraits<{d}>::kMinBlocks" for d in DECODE_BUCKETS]
     exprs += [f"fa::DecodeSmem<{d}>::kBytes" for d in DECODE_BUCKETS]
+    exprs += [f"fa::DecodeTraits<{d}>::kVSplits" for d in DECODE_BUCKETS]
     vals = _evaluate(build_source("sm80/flash_decode.cu"), exprs)
     k = len(DECODE_BUCKETS)
-    decode = {d: dict(zip(DECODE_FACTS, (vals[i], vals[k + i], vals[2 * k + i])))
+    decode = {d: dict(zip(DECODE_FACTS, (vals[i], vals[k + i], vals[2 * k + i], vals[3 * k + i])))
               for i, d in enumerate(DECODE_BUCKETS)}
     from .compile import SM90_HEAD_DIM_BUCKETS
 

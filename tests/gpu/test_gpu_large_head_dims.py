@@ -1,9 +1,9 @@
-"""Head dims 257..512 on the CUDA kernels (sm80 V-split prefill, sm80/kernel_traits.cuh: two
-CTAs per (query tile, head), each with half of V's columns), through every entry point, against
-the float64 reference with flash-attn's bound; outputs poisoned with NaN through ``out=``; the
-LSE (written by the first V-split CTA alone) checked too.  Decode steps of these head dims run
-the same kernel (decode kernels stop at 256), on any GPU the sm80 family runs (a 9.0 device
-too).  Marked ``gpu``."""
+"""Head dims 257..512 on the CUDA kernels -- the sm80 V-split prefill (sm80/kernel_traits.cuh:
+two CTAs per (query tile, head), each with half of V's columns) and the V-split split-KV decode
+(flash_decode.cu DecodeTraits) -- through every entry point, against the float64 reference with
+flash-attn's bound; outputs poisoned with NaN through ``out=``; the LSE (written by the first
+V-split CTA alone) checked too.  Both run on any GPU of the sm80 family (a 9.0 device too).
+Marked ``gpu``."""
 
 from __future__ import annotations
 
@@ -90,13 +90,14 @@ def test_varlen_and_paged(P):
 
 @pytest.mark.parametrize("D", [320, 512])
 @pytest.mark.parametrize("paged", [False, True])
-def test_kvcache_decode_step(D, paged):
-    """A decode step with append (the decode kernels stop at 256: the V-split prefill serves it)."""
-    rng = np.random.default_rng(D + paged)
-    dt, B, H, Hk, S_cache, S_new, P = BF16, 3, 8, 2, 512, 1, 16
+@pytest.mark.parametrize("S_cache,S_new", [(512, 1), (512, 3), (4096, 1)])
+def test_kvcache_decode_step(D, paged, S_cache, S_new):
+    """Decode steps with append on the V-split decode kernel (GQA 8/2 packed; 4096 keys split
+    over several CTAs and combined), the LSE too."""
+    rng = np.random.default_rng(D + paged + S_cache + S_new)
+    dt, B, H, Hk, P = BF16, 3, 8, 2, 16
     q = randn(rng, (B, S_new, H, D), dt)
     k_new, v_new = randn(rng, (B, S_new, Hk, D), dt), randn(rng, (B, S_new, Hk, D), dt)
-    seqlens = np.array([0, 250, 510], np.int32)
     k_before, v_before = randn(rng, (B, S_cache, Hk, D), dt), randn(rng, (B, S_cache, Hk, D), dt)
     kw = {}
     if paged:
@@ -109,16 +110,19 @@ def test_kvcache_decode_step(D, paged):
         kw.update(block_table=cp.asarray(table))
     else:
         k_cache, v_cache = k_before.copy(), v_before.copy()
+    seqlens = np.array([0, S_cache // 2, S_cache - S_new], np.int32)
     out = _poisoned(q.shape, dt)
-    fa.flash_attn_with_kvcache(cp.asarray(q), cp.asarray(k_cache), cp.asarray(v_cache),
-                               cp.asarray(k_new), cp.asarray(v_new), cache_seqlens=cp.asarray(seqlens),
-                               causal=True, out=out, **kw)
+    _, lse = fa.flash_attn_with_kvcache(
+        cp.asarray(q), cp.asarray(k_cache), cp.asarray(v_cache), cp.asarray(k_new),
+        cp.asarray(v_new), cache_seqlens=cp.asarray(seqlens), causal=True, out=out,
+        return_softmax_lse=True, **kw)
     for b in range(B):
         n = int(seqlens[b])
         kk = np.concatenate([k_before[b, :n], k_new[b]])
         vv = np.concatenate([v_before[b, :n], v_new[b]])
-        ref, _, naive = ref_and_naive(q[b], kk, vv, causal=True)
+        ref, ref_lse, naive = ref_and_naive(q[b], kk, vv, causal=True)
         assert_within_bound(out[b], ref, naive, dt, what=f"batch {b}")
+        assert_lse_close(lse[b], ref_lse, rtol=2e-3, atol=2e-3)
 
 
 def test_paged_cache_object_d512():
