@@ -140,3 +140,13 @@ def raises_explained(cls, *fragments, absent=(), expected_and_got=False):
             return handled
 
     return _Ctx()
+
+
+def prefix_ranges(spans_per_seq, max_ranges=3):
+    """An int32 ``(B, max_ranges, 2)`` mm_prefix_ranges array from per-sequence lists of
+    (start, end) spans; unused entries are (0, 0)."""
+    r = np.zeros((len(spans_per_seq), max_ranges, 2), np.int32)
+    for b, spans in enumerate(spans_per_seq):
+        if spans:
+            r[b, : len(spans)] = spans
+    return r

@@ -11,15 +11,7 @@ import cupy_flashattn as fa
 from cupy_flashattn import errors
 from cupy_flashattn.reference import attention_ref
 
-from helpers import cu_seqlens, BF16, assert_within_bound, raises_explained, randn, ref_and_naive, scatter_into_pages, to_np
-
-
-def _ranges(spans_per_seq, max_ranges=3):
-    r = np.zeros((len(spans_per_seq), max_ranges, 2), np.int32)  # unused: (0, 0)
-    for b, spans in enumerate(spans_per_seq):
-        if spans:
-            r[b, : len(spans)] = spans
-    return r
+from helpers import cu_seqlens, prefix_ranges, BF16, assert_within_bound, raises_explained, randn, ref_and_naive, scatter_into_pages, to_np
 
 
 @pytest.mark.parametrize("window", [(-1, -1), (8, -1)])
@@ -28,7 +20,7 @@ def test_dense_causal_with_ranges_matches_the_reference(window):
     dt, B, S, H, Hk, D = BF16, 2, 97, 4, 2, 64
     q, k, v = randn(rng, (B, S, H, D), dt), randn(rng, (B, S, Hk, D), dt), randn(rng, (B, S, Hk, D), dt)
     # A range crossing the left window edge, one at the end, one sequence without any.
-    ranges = _ranges([[(5, 30), (60, 97)], []])
+    ranges = prefix_ranges([[(5, 30), (60, 97)], []])
     ref, _, naive = ref_and_naive(q, k, v, causal=True, window_size=window, mm_prefix_ranges=ranges)
     out = fa.flash_attn_func(q, k, v, causal=True, window_size=window, mm_prefix_ranges=ranges)
     assert_within_bound(out, ref, naive, dt)
@@ -47,7 +39,7 @@ def test_varlen_and_paged_ranges_crossing_pages(P):
     qs = [randn(rng, (n, H, D), dt) for n in lens]
     ks = [randn(rng, (n, Hk, D), dt) for n in lens]
     vs = [randn(rng, (n, Hk, D), dt) for n in lens]
-    ranges = _ranges([[(10, 40)], [(0, 20), (45, 100)]])  # 45..100 crosses pages of 16 and 48
+    ranges = prefix_ranges([[(10, 40)], [(0, 20), (45, 100)]])  # 45..100 crosses pages of 16 and 48
     cu = cu_seqlens(lens)
     kw = {}
     if P:
@@ -69,7 +61,7 @@ def test_decode_step_inside_a_range():
     lens = np.array([20, 50], np.int32)
     kc, vc = randn(rng, (B, cap, Hk, D), dt), randn(rng, (B, cap, Hk, D), dt)
     q = randn(rng, (B, 1, H, D), dt)
-    ranges = _ranges([[(15, 30)], [(0, 10)]])
+    ranges = prefix_ranges([[(15, 30)], [(0, 10)]])
     out = fa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True,
                                      mm_prefix_ranges=ranges)
     for b in range(B):

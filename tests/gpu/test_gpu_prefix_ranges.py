@@ -15,7 +15,7 @@ import pytest
 import cupy_flashattn as fa
 from cupy_flashattn import errors
 from helpers import (
-    BF16, assert_within_bound, cu_seqlens, randn, ref_and_naive, raises_explained,
+    BF16, prefix_ranges, assert_within_bound, cu_seqlens, randn, ref_and_naive, raises_explained,
     scatter_into_pages,
 )
 
@@ -37,14 +37,6 @@ def prefill_arch(request):
     force_prefill_arch(None)
 
 
-def _ranges(spans_per_seq, max_ranges=3):
-    r = np.zeros((len(spans_per_seq), max_ranges, 2), np.int32)  # unused: (0, 0)
-    for b, spans in enumerate(spans_per_seq):
-        if spans:
-            r[b, : len(spans)] = spans
-    return r
-
-
 def _poisoned(shape, dtype):
     return cp.full(shape, np.nan, dtype=dtype)
 
@@ -61,7 +53,7 @@ def test_dense_prefill(prefill_arch, dtype, window, D):
     rng = np.random.default_rng(D + window[0])
     B, S, H, Hk = 2, 1025, 4, 2
     q, k, v = randn(rng, (B, S, H, D), dtype), randn(rng, (B, S, Hk, D), dtype), randn(rng, (B, S, Hk, D), dtype)
-    ranges = _ranges(DENSE_SPANS)
+    ranges = prefix_ranges(DENSE_SPANS)
     out = _poisoned(q.shape, dtype)
     fa.flash_attn_func(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=True,
                        window_size=window, mm_prefix_ranges=cp.asarray(ranges), out=out)
@@ -82,7 +74,7 @@ def test_precise_prefill(dtype):
     rng = np.random.default_rng(11)
     B, S, H, D = 2, 300, 2, 64
     q, k, v = (randn(rng, (B, S, H, D), dtype) for _ in range(3))
-    ranges = _ranges([[(0, 37), (150, 290)], [(64, 65), (200, 300)]])
+    ranges = prefix_ranges([[(0, 37), (150, 290)], [(64, 65), (200, 300)]])
     out = _poisoned(q.shape, dtype)
     fa.flash_attn_func(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=True,
                        mm_prefix_ranges=cp.asarray(ranges), out=out)
@@ -99,7 +91,7 @@ def test_varlen_and_paged_ranges_crossing_pages(prefill_arch, P):
     ks = [randn(rng, (n, Hk, D), dt) for n in lens]
     vs = [randn(rng, (n, Hk, D), dt) for n in lens]
     # 45..100 crosses pages of 16 and 48; 255..530 crosses a 256 page; (0, 1) is a 1-token range.
-    ranges = _ranges([[(10, 40), (45, 97)], [(0, 20), (255, 530)], [(0, 1)], []])
+    ranges = prefix_ranges([[(10, 40), (45, 97)], [(0, 20), (255, 530)], [(0, 1)], []])
     cu = cu_seqlens(lens)
     kw = {}
     if P:
@@ -121,7 +113,7 @@ def test_varlen_and_paged_ranges_crossing_pages(prefill_arch, P):
 @pytest.mark.parametrize("paged", [False, True])
 @pytest.mark.parametrize("Sq", [1, 3])
 @pytest.mark.parametrize("cap", [64, 4096])  # 4096: split-KV (several CTAs per row, combined)
-def test_decode_steps_inside_ranges(paged, Sq, cap):
+def test_decode_steps_insideprefix_ranges(paged, Sq, cap):
     """Decode kernels (with_kvcache, a few new tokens appended): queries whose positions lie in
     a range see its later keys; a range reaching past the cache end is clipped."""
     from cupy_flashattn._cuda import is_available
@@ -137,7 +129,7 @@ def test_decode_steps_inside_ranges(paged, Sq, cap):
     # seq 0: the new tokens sit inside (15, 40), which runs past the cache end; seq 1: a range
     # before the queries (causal rows see it anyway); seq 2: a range around the step.
     mid = int(lens[2])
-    ranges = _ranges([[(15, 40)], [(0, 10)], [(mid - 5, mid + Sq + 7)]])
+    ranges = prefix_ranges([[(15, 40)], [(0, 10)], [(mid - 5, mid + Sq + 7)]])
     full = [np.concatenate([kc[b, :lens[b]], knew[b]]) for b in range(B)]
     fullv = [np.concatenate([vc[b, :lens[b]], vnew[b]]) for b in range(B)]
     kw = {}
