@@ -13,6 +13,11 @@ cubin.
 
 --per-key compiles every shipped sm90 key alone (in parallel processes), so a change shows
 which kernels it touched (e.g. only the paged ones).
+
+Each line has two hashes: of the whole cubin, and of its machine code alone (the ``.text.*``
+sections, by name).  Adding a specialization that no kernel of the module uses (a new traits
+bucket) changes the first -- its static members enter the symbol table, and symbol indices in
+``.nv.info`` shift -- but not the second: the GPU runs the same instructions.
 """
 
 from __future__ import annotations
@@ -20,12 +25,29 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import struct
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cupy_flashattn._cuda import compile as cc  # noqa: E402
 from cupy_flashattn._cuda import decode as dc  # noqa: E402
+
+
+def code_hash(cubin: bytes) -> str:
+    """SHA-256 of the cubin's ``.text.*`` sections (name and bytes, in section order): the
+    machine code, without the symbol table and the attribute sections that index it."""
+    shoff = struct.unpack_from("<Q", cubin, 0x28)[0]  # ELF64, little endian
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    names_at = headers[shstrndx][4]
+    h = hashlib.sha256()
+    for name_off, _type, _flags, _addr, offset, size in headers:
+        start = names_at + name_off
+        name = cubin[start:cubin.index(b"\0", start)]
+        if name.startswith(b".text."):
+            h.update(name + b"\0" + cubin[offset:offset + size])
+    return h.hexdigest()
 
 
 def modules(arch):
@@ -44,7 +66,8 @@ def modules(arch):
 def _key_hash(key_name: str) -> str:
     key = next(k for k in cc.shipped_keys("sm90") if k.name == key_name)
     cubin, _ = cc.compile_for_arch(cc.kernel_source([key]), "90a", verbose=False)
-    return f"sm_90a {key.name:40s} {hashlib.sha256(cubin).hexdigest()} {len(cubin)}"
+    return (f"sm_90a {key.name:40s} {hashlib.sha256(cubin).hexdigest()} {len(cubin)} "
+            f"code {code_hash(cubin)[:16]}")
 
 
 def main(argv=None):
@@ -62,8 +85,8 @@ def main(argv=None):
     for arch in args.arch:
         for name, src in modules(arch):
             cubin, _ = cc.compile_for_arch(src, arch, verbose=False)
-            print(f"sm_{arch} {name:28s} {hashlib.sha256(cubin).hexdigest()} {len(cubin)}",
-                  flush=True)
+            print(f"sm_{arch} {name:28s} {hashlib.sha256(cubin).hexdigest()} {len(cubin)} "
+                  f"code {code_hash(cubin)[:16]}", flush=True)
 
 
 if __name__ == "__main__":
