@@ -76,11 +76,12 @@ test: $(STAMP) ## Run all tests (GPU tests are skipped without a GPU)
 test-gpu: ## GPU tests only, in place with the machine's python3 (no install, no network)
 	PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} python3 -m pytest -m gpu -q $(PYTEST_ARGS)
 
-bench: ## Prefill (16-bit, float32/float64) + decode benchmarks vs torch SDPA, in place with the machine's python3
+bench: ## Prefill (16-bit, float32/float64), decode, prefix-range and D=512 benchmarks vs torch SDPA, in place with the machine's python3
 	PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} python3 benchmarks/bench.py $(BENCH_ARGS)
 	PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} python3 benchmarks/bench_decode.py $(BENCH_DECODE_ARGS)
 	PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} python3 benchmarks/bench_varlen.py $(BENCH_VARLEN_ARGS)
 	PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} python3 benchmarks/bench_precise.py $(BENCH_PRECISE_ARGS)
+	PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} python3 benchmarks/bench_features.py $(BENCH_FEATURES_ARGS)
 
 lint: $(STAMP) ## ruff (when installed) and compileall over the Python sources
 	@if $(VPY) -m ruff --version >/dev/null 2>&1; then \
