@@ -259,8 +259,9 @@ def head_dims(q, k, v):
 
 
 def gpu_head_dim(D: int, on_gpu: bool, name: str, dtype=None):
-    """The CUDA kernels' head-dim limit (MAX_GPU_HEAD_DIM; float64: MAX_GPU_HEAD_DIM_F64, its
-    accumulators would spill above); the CPU backend goes to 512."""
+    """The CUDA kernels' head-dim limits below MAX_HEAD_DIM (which ``head_dims`` enforces for
+    both backends, = MAX_GPU_HEAD_DIM): float64 stops at MAX_GPU_HEAD_DIM_F64 (its accumulators
+    would spill above), float32 at float32 / TF32 accuracy at MAX_GPU_HEAD_DIM_F32."""
     if on_gpu and dtype is not None and np.dtype(dtype) == np.float64 and D > MAX_GPU_HEAD_DIM_F64:
         raise explain(
             UnsupportedError, name,
@@ -284,15 +285,6 @@ def gpu_head_dim(D: int, on_gpu: bool, name: str, dtype=None):
                 f"{MAX_GPU_HEAD_DIM}), cast to bfloat16 / float16, or use NumPy arrays (the CPU "
                 "backend)",
             )
-    if on_gpu and D > MAX_GPU_HEAD_DIM:  # unreachable while MAX_HEAD_DIM == MAX_GPU_HEAD_DIM
-        raise explain(
-            UnsupportedError, name,
-            f"head dims above {MAX_GPU_HEAD_DIM} run on the CPU backend only (the CUDA "
-            f"kernels are instantiated up to {MAX_GPU_HEAD_DIM})",
-            f"1 <= head_dim <= {MAX_GPU_HEAD_DIM} with CuPy arrays", D,
-            "use NumPy arrays (the CPU backend) for this head dim, or split each head into "
-            f"heads of at most {MAX_GPU_HEAD_DIM} dims",
-        )
 
 
 def heads(num_heads: int, num_heads_k: int):
@@ -447,8 +439,8 @@ def sinks(sinks, xp, num_heads: int):
             f"({num_heads},)", "pass a float32 array of shape (nheads,), e.g. the model's s_aux")
 
 
-#: Ranges per sequence the kernels index (the sm90 consumers pack two rows' range index + 1 in
-#: 16 bits each: attn/mask.cuh Mask::apply).
+#: Ranges per sequence the kernels index (every prefill kernel packs each row's range index + 1
+#: in 16 bits: attn/mask.cuh RowRangeIds).
 MAX_PREFIX_RANGES = 65535
 
 

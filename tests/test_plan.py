@@ -266,3 +266,13 @@ def test_head_dims_above_256_run_v_split_kernels_on_both_architectures(D, bucket
     # 1 tile x 2 kv heads x 2 V-splits x 3 sequences = 12 CTAs: split the keys.
     assert launch["splits"] == dc.num_splits_heuristic(12, 4096, H100_SMS, key.min_blocks) > 1
     assert launch["grid"] == (launch["splits"], 2 * 2, 3)
+
+
+def test_the_validated_head_dim_limits_are_the_kernels_buckets():
+    """validate.py's limits restate the largest bucket of each kernel table: they must agree."""
+    from cupy_flashattn import validate
+
+    assert validate.MAX_HEAD_DIM == validate.MAX_GPU_HEAD_DIM == cc.HEAD_DIM_BUCKETS[-1]
+    assert validate.MAX_GPU_HEAD_DIM == dc.DECODE_BUCKETS[-1]
+    assert validate.MAX_GPU_HEAD_DIM_F32 == cc.PRECISE_HEAD_DIM_BUCKETS["f32"][-1]
+    assert validate.MAX_GPU_HEAD_DIM_F64 == cc.PRECISE_HEAD_DIM_BUCKETS["f64"][-1]
