@@ -113,16 +113,21 @@ __device__ __forceinline__ void mask_fragment(T (&s)[kMRep][kNTiles][4], const K
 // The prefix range of each of a thread's accumulator rows (m-tile mi, half h: sequence row
 // row0 + 16 mi + 8 h), looked up once per query tile (Window::row_range): index + 1 in bits
 // 16 h .. 16 h + 15 of ids[mi], 0 for none (validate.py caps max_ranges at 65535).  One
-// register per m-tile.
+// register per m-tile.  [hull_start, hull_end): Window::range_hull of the query tile's rows;
+// when it is empty no row has a range and nothing is looked up, so a tile that no range
+// reaches pays one pass over the ranges (the hull's), not one per row (measured: with a pass
+// per row, 4 unused ranges cost the sm90 causal kernel 2.4-7.1% at S = 1k, benchmarks/NOTES.md).
 template <int kMRep>
 struct RowRangeIds {
   unsigned ids[kMRep];
 
-  __device__ RowRangeIds(const Window& w, int row0) {
+  __device__ RowRangeIds(const Window& w, int row0, int hull_start, int hull_end) {
+    const bool any = hull_end > hull_start;  // uniform across the CTA
 #pragma unroll
     for (int mi = 0; mi < kMRep; ++mi)
-      ids[mi] = unsigned(w.row_range(row0 + 16 * mi) + 1) |
-                (unsigned(w.row_range(row0 + 16 * mi + 8) + 1) << 16);
+      ids[mi] = any ? unsigned(w.row_range(row0 + 16 * mi) + 1) |
+                          (unsigned(w.row_range(row0 + 16 * mi + 8) + 1) << 16)
+                    : 0u;
   }
   __device__ __forceinline__ int operator()(int mi, int h) const {
     return int((ids[mi] >> (16 * h)) & 0xffffu) - 1;

@@ -105,33 +105,55 @@ struct Window {
     row_keys(row, row_range(row), first, last);
   }
 
+  // The hull [start, end) of the prefix ranges that hold one of rows [row_first, row_last]'s
+  // diagonals, where ranges matter: empty (end <= start) without ranges, and without a window
+  // (every row sees every key already).  A query tile computes it once; when it is empty no
+  // row of the tile has a range, so the rows' own lookups are skipped (RowRangeIds).
+  __device__ __forceinline__ void range_hull(int row_first, int row_last, int& start,
+                                             int& end) const {
+    start = end = 0;
+    if (ranges.count > 0 && (right >= 0 || left >= 0))
+      ranges.hull(row_first + shift, row_last + shift, start, end);
+  }
+
   // Keys [begin, end) that any of rows [row_first, row_last] can see, within [0, len_k];
-  // end <= begin when none.
-  __device__ __forceinline__ void key_range(int row_first, int row_last, int& begin,
-                                            int& end) const {
+  // end <= begin when none.  [hull_start, hull_end): range_hull of those rows, or of rows
+  // around them (a superset only adds keys that the mask then hides).
+  __device__ __forceinline__ void key_range(int row_first, int row_last, int hull_start,
+                                            int hull_end, int& begin, int& end) const {
     end = len_k;
     begin = 0;
     if (right >= 0) end = imin(end, row_last + shift + right + 1);
     if (left >= 0) begin = imax(0, row_first + shift - left);
-    if (ranges.count > 0 && (right >= 0 || left >= 0)) {
-      int start, stop;
-      ranges.hull(row_first + shift, row_last + shift, start, stop);
-      if (stop > start) {
-        begin = imin(begin, imax(0, start));
-        end = imax(end, imin(len_k, stop));
-      }
+    if (hull_end > hull_start) {
+      begin = imin(begin, imax(0, hull_start));
+      end = imax(end, imin(len_k, hull_end));
     }
+  }
+  __device__ __forceinline__ void key_range(int row_first, int row_last, int& begin,
+                                            int& end) const {
+    int hull_start, hull_end;
+    range_hull(row_first, row_last, hull_start, hull_end);
+    key_range(row_first, row_last, hull_start, hull_end, begin, end);
   }
 
   // Tiles of kTile keys [n_min, n_max) that rows [row_first, row_last] can see at all; tiles
   // outside are skipped entirely (never loaded).  n_max <= n_min means nothing is visible.
+  // The hull (range_hull) given, or looked up here.
+  template <int kTile>
+  __device__ __forceinline__ void tile_range(int row_first, int row_last, int hull_start,
+                                             int hull_end, int& n_min, int& n_max) const {
+    int begin, end;
+    key_range(row_first, row_last, hull_start, hull_end, begin, end);
+    n_min = begin / kTile;
+    n_max = end > 0 ? ceil_div(end, kTile) : 0;
+  }
   template <int kTile>
   __device__ __forceinline__ void tile_range(int row_first, int row_last, int& n_min,
                                              int& n_max) const {
-    int begin, end;
-    key_range(row_first, row_last, begin, end);
-    n_min = begin / kTile;
-    n_max = end > 0 ? ceil_div(end, kTile) : 0;
+    int hull_start, hull_end;
+    range_hull(row_first, row_last, hull_start, hull_end);
+    tile_range<kTile>(row_first, row_last, hull_start, hull_end, n_min, n_max);
   }
 
   // Does any key of tile n_block need masking for rows [row_first, row_last]?  (The window

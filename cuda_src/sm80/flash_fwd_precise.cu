@@ -167,8 +167,16 @@ __device__ __forceinline__ void flash_fwd_precise(const FwdParams& p, const Prec
   const int rows_valid = imin(kBlockM, seq.len_q - m0);
   const int shift = seq.len_k - seq.len_q;
 
+  // The hull of the prefix ranges reaching the tile's rows (one pass over the ranges), which
+  // widens its key-tile range; each row's own range, looked up once per query tile and only
+  // when some range reaches the tile (Mask::apply, RowRangeIds).
+  const Window window(p, seq.len_k, shift, bidb);
+  int hull_start, hull_end;
+  window.range_hull(m0, m0 + rows_valid - 1, hull_start, hull_end);
   int n_min, n_max;
-  Window(p, seq.len_k, shift, bidb).template tile_range<kBlockN>(m0, m0 + rows_valid - 1, n_min, n_max);
+  window.template tile_range<kBlockN>(m0, m0 + rows_valid - 1, hull_start, hull_end, n_min, n_max);
+  const int row0 = m0 + warp * Tr::kWarpM + (lane >> 2);  // sequence row of accumulator row g
+  const RowRangeIds<1> range_ids(window, row0, hull_start, hull_end);
 
   const u32 sQ = smem_u32(smem);
   const u32 sK0 = sQ + Tr::kSmemQ;
@@ -180,10 +188,7 @@ __device__ __forceinline__ void flash_fwd_precise(const FwdParams& p, const Prec
   const T c = xform.log2_scale;
 
   const int warp_row0 = warp * Tr::kWarpM;
-  const int row0 = m0 + warp_row0 + (lane >> 2);  // sequence row of accumulator row g
   const int col_in_tile0 = (lane & 3) * 2;
-  // Each row's prefix range, looked up once per query tile (Mask::apply).
-  const RowRangeIds<1> range_ids(Window(p, seq.len_k, shift, bidb), row0);
 
   T acc_o[1][kDTiles][4];
   zero_fragments(acc_o);

@@ -74,6 +74,9 @@ struct Sm90Smem {
 struct Sm90Tile {
   SeqInfo si;
   int bidb, bidh, m0, rows_valid, n_min, n_max;
+  // Window::range_hull of the tile's rows (empty, hull_end <= hull_start, when no prefix range
+  // reaches them): the consumers' tile ranges and row lookups reuse it.
+  int hull_start, hull_end;
 };
 
 // The tile CTA c runs in round r (>= num_tiles: none, in the last round).
@@ -95,8 +98,10 @@ __device__ __forceinline__ bool tile_at(const FwdParams& p, int i, Sm90Tile& w) 
   if (w.m0 >= w.si.len_q) return false;  // tiles_m is the longest sequence's; this one is shorter
   if (w.si.len_q < p.len_q_min || w.si.len_q > p.len_q_max) return false;  // the decode kernel's
   w.rows_valid = imin(Tr::kBlockM, w.si.len_q - w.m0);
-  Window(p, w.si.len_k, w.si.len_k - w.si.len_q, w.bidb)
-      .template tile_range<Tr::kBlockN>(w.m0, w.m0 + w.rows_valid - 1, w.n_min, w.n_max);
+  const int m_last = w.m0 + w.rows_valid - 1;
+  const Window window(p, w.si.len_k, w.si.len_k - w.si.len_q, w.bidb);
+  window.range_hull(w.m0, m_last, w.hull_start, w.hull_end);
+  window.template tile_range<Tr::kBlockN>(w.m0, m_last, w.hull_start, w.hull_end, w.n_min, w.n_max);
   return true;
 }
 
@@ -429,6 +434,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const Sm90Tile& w,
   pipe::bar_wait(sm.q_full(), tq & 1);
 
   if (n_max > n_min) {
+    const Mask<Is_paged> mask(p, si.len_k, shift, bidb);
     // Key tiles this warpgroup's rows see at all: [a_min, a_max), a subset of the CTA's
     // [n_min, n_max).  The tiles outside are released unread (causal: the diagonal tile of
     // the upper warpgroup; local: the window edges).
@@ -437,15 +443,17 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const Sm90Tile& w,
       // Ping-pong pairs every tile's turn of the two warpgroups: both visit every tile.
       a_min = n_min;
     } else if (wg_rows > 0) {
-      Window(p, si.len_k, shift, bidb)
-          .template tile_range<kBlockN>(wg_first, wg_first + wg_rows - 1, a_min, a_max);
+      // With the CTA's range hull (tile_at), not this warpgroup's own: no second pass over the
+      // ranges per tile; tiles that only the other warpgroup's ranges reach are masked whole.
+      mask.window.template tile_range<kBlockN>(wg_first, wg_first + wg_rows - 1, w.hull_start,
+                                               w.hull_end, a_min, a_max);
       a_max = imin(a_max, n_max);
       a_min = imax(a_min, n_min);
       if (a_max <= a_min) a_min = a_max = n_max;
     }
     const u32 q_tile = sm.q + Tr::kWgRows * cw * wgmma::kSwizzleRowBytes;
-    const Mask<Is_paged> mask(p, si.len_k, shift, bidb);
-    const RowRangeIds<1> range_ids(mask.window, row0);  // looked up once (see Mask::apply)
+    // This thread's two rows' prefix ranges (none looked up when no range reaches the tile).
+    const RowRangeIds<1> range_ids(mask.window, row0, w.hull_start, w.hull_end);
 
     // The ring position of a key tile (this query tile's run n_max - 1 down to n_min).
     auto stage_of = [&](int n_block) { return (it0 + n_max - 1 - n_block) % Tr::kStages; };
