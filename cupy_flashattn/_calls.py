@@ -249,6 +249,22 @@ class KVCacheCall(_Call):
                 mm_prefix_ranges, out):
         seqlens = self.seqlens if self.seqlens is not None else cache_seqlens
         if k is not None and not self.no_keys:
+            if self.plan is None and self.xp is not np and not self.no_queries:
+                # The first call of this signature: a kernel this GPU cannot run (too much
+                # shared memory, _cuda/device_limits.py) must be refused before the append
+                # writes the cache.  The kernels depend on shapes and dtypes only, so the
+                # problem of the unrotated q names the same ones.
+                from ._cuda.device_limits import check_fits
+
+                kv = (k_cache, v_cache) if self.k_cache_rows is None else (
+                    k_cache.reshape(self.k_cache_rows), v_cache.reshape(self.k_cache_rows))
+                check_fits(AttentionProblem(
+                    q=q.reshape(self.q_rows), k=kv[0], v=kv[1],
+                    out=(q if out is None else out).reshape(self.q_rows),  # never written
+                    softmax_lse=self._lse_buffer(self.q_rows[0], False, q.dtype),
+                    seqused_k=seqlens, cache_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad,
+                    block_table=block_table, alibi_slopes=self._alibi(alibi_slopes), sinks=sinks,
+                    mm_prefix_ranges=mm_prefix_ranges, **self.fields))
             q = rotary_ops.rotate_and_append(
                 q, k_cache, v_cache, k, v, seqlens, cos=rotary_cos, sin=rotary_sin,
                 interleaved=self.rotary_interleaved, q_per_token=self.q_per_token,

@@ -68,7 +68,12 @@ def route(problem):
 def plan_attention(problem):
     """The launch plan that serves ``problem`` (host-only decisions, no launch), per
     :func:`route`.  A plan depends only on the problem's shapes, strides, dtypes, alignment and
-    scalars, so it can be replayed on other arrays of the same signature (api.py caches it)."""
+    scalars, so it can be replayed on other arrays of the same signature (api.py caches it).
+    Raises UnsupportedError when a kernel needs more shared memory than the GPU allows
+    (device_limits.py)."""
+    from .device_limits import check_fits
+
+    check_fits(problem)  # a typed error, not a CUDA one at the first launch
     kind, limit = route(problem)
     if kind == "decode":
         return (DecodePlan(problem),)
