@@ -66,6 +66,30 @@ def scatter_into_pages(rng, keys, values, P, dtype, spare_blocks=2, min_pages=0)
     return k_pages, v_pages, table
 
 
+def kv_layout(rng, keys, values, P, dtype, **pages):
+    """Sequence b's ``keys[b]`` / ``values[b]`` as a varlen call takes them: concatenated rows
+    (P = 0) or a scattered paged pool (``scatter_into_pages``, with ``pages``).  Returns
+    (k, v, block_table), the table None without pages."""
+    if P:
+        return scatter_into_pages(rng, keys, values, P, dtype, **pages)
+    return np.concatenate(keys), np.concatenate(values), None
+
+
+def filled_paged_cache(rng, lens, num_blocks, P, Hk, D, dtype, xp):
+    """A PagedKVCache (on ``xp``'s backend) holding one sequence of random keys/values per entry
+    of ``lens``, appended in one call.  Returns (cache, seq_ids, keys, values), keys[b] and
+    values[b] the NumPy (lens[b], Hk, D) rows of sequence b."""
+    import cupy_flashattn as fa
+
+    cache = fa.PagedKVCache(num_blocks, P, Hk, D, dtype, xp=xp)
+    ids = [cache.add_sequence() for _ in lens]
+    keys = [randn(rng, (n, Hk, D), dtype) for n in lens]
+    values = [randn(rng, (n, Hk, D), dtype) for n in lens]
+    cache.append(ids, xp.asarray(np.concatenate(keys)), xp.asarray(np.concatenate(values)),
+                 cu_seqlens=cu_seqlens(lens))
+    return cache, ids, keys, values
+
+
 def to_np(a):
     return a.get() if hasattr(a, "get") else np.asarray(a)
 

@@ -11,7 +11,7 @@ import cupy_flashattn as fa
 from cupy_flashattn import errors
 from cupy_flashattn.reference import attention_ref
 
-from helpers import cu_seqlens, prefix_ranges, BF16, assert_within_bound, raises_explained, randn, ref_and_naive, scatter_into_pages, to_np
+from helpers import cu_seqlens, prefix_ranges, BF16, assert_within_bound, raises_explained, randn, ref_and_naive, kv_layout, to_np
 
 
 @pytest.mark.parametrize("window", [(-1, -1), (8, -1)])
@@ -41,12 +41,8 @@ def test_varlen_and_paged_ranges_crossing_pages(P):
     vs = [randn(rng, (n, Hk, D), dt) for n in lens]
     ranges = prefix_ranges([[(10, 40)], [(0, 20), (45, 100)]])  # 45..100 crosses pages of 16 and 48
     cu = cu_seqlens(lens)
-    kw = {}
-    if P:
-        k, v, table = scatter_into_pages(rng, ks, vs, P, dt)
-        kw["block_table"] = table
-    else:
-        k, v = np.concatenate(ks), np.concatenate(vs)
+    k, v, table = kv_layout(rng, ks, vs, P, dt)
+    kw = {} if table is None else {"block_table": table}
     out = fa.flash_attn_varlen_func(np.concatenate(qs), k, v, cu, cu, max(lens), max(lens),
                                     causal=True, mm_prefix_ranges=ranges, **kw)
     for b in range(2):

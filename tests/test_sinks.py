@@ -12,7 +12,7 @@ import cupy_flashattn as fa
 from cupy_flashattn import errors
 from cupy_flashattn.reference import attention_ref
 
-from helpers import cu_seqlens, BF16, assert_within_bound, raises_explained, randn, ref_and_naive, scatter_into_pages, to_np
+from helpers import cu_seqlens, BF16, assert_within_bound, raises_explained, randn, ref_and_naive, kv_layout, scatter_into_pages, to_np
 
 XPS = ["numpy", pytest.param("cupy", marks=pytest.mark.gpu)]
 
@@ -75,12 +75,8 @@ def test_varlen_and_paged_sinks(xp_name, P):
     sinks = _sinks(rng, H)
     cu_q = cu_seqlens(lens_q)
     cu_k = cu_seqlens(lens_k)
-    kw = {}
-    if P:
-        k, v, table = scatter_into_pages(rng, ks, vs, P, dt)
-        kw["block_table"] = xp.asarray(table)
-    else:
-        k, v = np.concatenate(ks), np.concatenate(vs)
+    k, v, table = kv_layout(rng, ks, vs, P, dt)
+    kw = {} if table is None else {"block_table": xp.asarray(table)}
     res = fa.flash_attn_varlen_func(
         xp.asarray(np.concatenate(qs)), xp.asarray(k), xp.asarray(v), xp.asarray(cu_q),
         xp.asarray(cu_k), max(lens_q), max(lens_k), causal=True, sinks=xp.asarray(sinks), **kw)

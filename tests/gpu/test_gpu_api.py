@@ -7,8 +7,8 @@ import pytest
 
 import cupy_flashattn as fa
 from helpers import (
-    BF16, assert_lse_close, assert_within_bound, cu_seqlens, randn, ref_and_naive, rotary_ref,
-    scatter_into_pages,
+    BF16, assert_lse_close, assert_within_bound, cu_seqlens, filled_paged_cache, randn,
+    ref_and_naive, rotary_ref, scatter_into_pages,
 )
 
 pytestmark = pytest.mark.gpu
@@ -118,16 +118,11 @@ def test_kvcache_api(paged, rotary):
         assert_within_bound(out[b], ref, naive, dtype, what=f"batch {b}")
 
 
-def test_paged_cache_object_on_gpu():
+@pytest.mark.parametrize("D", [64, 512])  # 512: the V-split decode kernel (candle's paged limit)
+def test_paged_cache_object_on_gpu(D):
     rng = np.random.default_rng(9)
-    dtype, H, Hk, D, P = BF16, 8, 2, 64, 16
-    cache = fa.PagedKVCache(64, P, Hk, D, dtype, xp=cp)
-    lens = [40, 3]
-    ids = [cache.add_sequence() for _ in lens]
-    ks = [randn(rng, (n, Hk, D), dtype) for n in lens]
-    vs = [randn(rng, (n, Hk, D), dtype) for n in lens]
-    cu = np.array([0, 40, 43], np.int32)
-    cache.append(ids, _dev(np.concatenate(ks)), _dev(np.concatenate(vs)), cu_seqlens=cu)
+    dtype, H, Hk, P = BF16, 8, 2, 16
+    cache, ids, ks, vs = filled_paged_cache(rng, [40, 3], 16, P, Hk, D, dtype, cp)
     q = randn(rng, (2, 1, H, D), dtype)
     kn, vn = randn(rng, (2, 1, Hk, D), dtype), randn(rng, (2, 1, Hk, D), dtype)
     out = fa.flash_attn_with_kvcache(_dev(q), cache, None, _dev(kn), _dev(vn), seq_ids=ids, causal=True).get()

@@ -13,7 +13,7 @@ import pytest
 import cupy_flashattn as fa
 from cupy_flashattn._cuda import decode as dc
 from cupy_flashattn._cuda import device_limits
-from helpers import BF16, assert_within_bound, randn, ref_and_naive
+from helpers import BF16, assert_within_bound, filled_paged_cache, randn, ref_and_naive
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
@@ -65,13 +65,8 @@ def test_paged_cache_and_its_pages_are_unchanged(small_gpu):
 
 def test_paged_kv_cache_step_keeps_lengths_and_pages_then_runs_with_the_real_limit(monkeypatch):
     rng = np.random.default_rng(33)
-    cache = fa.PagedKVCache(32, 16, HK, D, BF16, xp=cp)
-    lens = [48, 3, 32]  # full last pages: the step must reserve a new page for two sequences
-    ids = [cache.add_sequence() for _ in lens]
-    ks = [randn(rng, (n, HK, D), BF16) for n in lens]
-    vs = [randn(rng, (n, HK, D), BF16) for n in lens]
-    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-    cache.append(ids, cp.asarray(np.concatenate(ks)), cp.asarray(np.concatenate(vs)), cu_seqlens=cu)
+    # Full last pages: the step must reserve a new page for two of the sequences.
+    cache, ids, ks, vs = filled_paged_cache(rng, [48, 3, 32], 32, 16, HK, D, BF16, cp)
     q = randn(rng, (B, 1, H, D), BF16)
     kn, vn = randn(rng, (B, 1, HK, D), BF16), randn(rng, (B, 1, HK, D), BF16)
     seqlens_before = cache.seqlens(ids).get().copy()

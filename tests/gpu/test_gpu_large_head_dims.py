@@ -3,6 +3,7 @@ two CTAs per (query tile, head), each with half of V's columns) and the V-split 
 (flash_decode.cu DecodeTraits) -- through every entry point, against the float64 reference with
 flash-attn's bound; outputs poisoned with NaN through ``out=``; the LSE (written by the first
 V-split CTA alone) checked too.  Both run on any GPU of the sm80 family (a 9.0 device too).
+A PagedKVCache at D=512 is one case of test_gpu_api.py::test_paged_cache_object_on_gpu.
 Marked ``gpu``."""
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ import pytest
 
 import cupy_flashattn as fa
 from helpers import (
-    BF16, assert_lse_close, assert_within_bound, cu_seqlens, randn, ref_and_naive,
-    scatter_into_pages,
+    BF16, assert_lse_close, assert_within_bound, cu_seqlens, kv_layout, randn, ref_and_naive,
 )
 
 pytestmark = pytest.mark.gpu
@@ -72,12 +72,8 @@ def test_varlen_and_paged(P):
     q = randn(rng, (int(cu_q[-1]), H, D), dt)
     ks = [randn(rng, (n, Hk, D), dt) for n in lens_k]
     vs = [randn(rng, (n, Hk, D), dt) for n in lens_k]
-    kw = {}
-    if P:
-        k, v, table = scatter_into_pages(rng, ks, vs, P, dt, spare_blocks=2, min_pages=1)
-        kw.update(block_table=cp.asarray(table))
-    else:
-        k, v = np.concatenate(ks), np.concatenate(vs)
+    k, v, table = kv_layout(rng, ks, vs, P, dt, min_pages=1)
+    kw = {} if table is None else {"block_table": cp.asarray(table)}
     out = _poisoned(q.shape, dt)
     fa.flash_attn_varlen_func(cp.asarray(q), cp.asarray(k), cp.asarray(v), cp.asarray(cu_q),
                               cp.asarray(cu_k), max(lens_q), max(lens_k), causal=True, out=out, **kw)
@@ -123,26 +119,6 @@ def test_kvcache_decode_step(D, paged, S_cache, S_new):
         ref, ref_lse, naive = ref_and_naive(q[b], kk, vv, causal=True)
         assert_within_bound(out[b], ref, naive, dt, what=f"batch {b}")
         assert_lse_close(lse[b], ref_lse, rtol=2e-3, atol=2e-3)
-
-
-def test_paged_cache_object_d512():
-    rng = np.random.default_rng(9)
-    dt, H, Hk, D, P = BF16, 8, 2, 512, 16
-    cache = fa.PagedKVCache(16, P, Hk, D, dt, xp=cp)
-    lens = [40, 3]
-    ids = [cache.add_sequence() for _ in lens]
-    ks = [randn(rng, (n, Hk, D), dt) for n in lens]
-    vs = [randn(rng, (n, Hk, D), dt) for n in lens]
-    cache.append(ids, cp.asarray(np.concatenate(ks)), cp.asarray(np.concatenate(vs)),
-                 cu_seqlens=np.array([0, 40, 43], np.int32))
-    q = randn(rng, (2, 1, H, D), dt)
-    kn, vn = randn(rng, (2, 1, Hk, D), dt), randn(rng, (2, 1, Hk, D), dt)
-    out = fa.flash_attn_with_kvcache(cp.asarray(q), cache, None, cp.asarray(kn), cp.asarray(vn),
-                                     seq_ids=ids, causal=True).get()
-    for j in range(2):
-        ref, _, naive = ref_and_naive(q[j], np.concatenate([ks[j], kn[j]]),
-                                      np.concatenate([vs[j], vn[j]]), causal=True)
-        assert_within_bound(out[j], ref, naive, dt)
 
 
 def test_float32_at_medium_precision_runs_d512():

@@ -15,8 +15,8 @@ import pytest
 import cupy_flashattn as fa
 from cupy_flashattn import errors
 from helpers import (
-    BF16, prefix_ranges, assert_within_bound, cu_seqlens, randn, ref_and_naive, raises_explained,
-    scatter_into_pages,
+    BF16, prefix_ranges, assert_within_bound, cu_seqlens, kv_layout, randn, ref_and_naive,
+    raises_explained, scatter_into_pages,
 )
 
 pytestmark = pytest.mark.gpu
@@ -93,12 +93,8 @@ def test_varlen_and_paged_ranges_crossing_pages(prefill_arch, P):
     # 45..100 crosses pages of 16 and 48; 255..530 crosses a 256 page; (0, 1) is a 1-token range.
     ranges = prefix_ranges([[(10, 40), (45, 97)], [(0, 20), (255, 530)], [(0, 1)], []])
     cu = cu_seqlens(lens)
-    kw = {}
-    if P:
-        k, v, table = scatter_into_pages(rng, ks, vs, P, dt)
-        kw["block_table"] = cp.asarray(table)
-    else:
-        k, v = np.concatenate(ks), np.concatenate(vs)
+    k, v, table = kv_layout(rng, ks, vs, P, dt)
+    kw = {} if table is None else {"block_table": cp.asarray(table)}
     cu_k = cp.asarray(cu)
     q = np.concatenate(qs)
     out = _poisoned(q.shape, dt)
