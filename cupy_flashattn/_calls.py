@@ -134,10 +134,15 @@ class _Call:
             return result
         out_rows = (xp.empty(self.q_rows, dtype=q.dtype) if out is None
                     else out.reshape(self.q_rows))
+        rows = self._token_rows(q, k, v, out_rows, k_rows)
+        self._run(**rows, softmax_lse=lse, **arrays)
+        return out if out is not None else out_rows.reshape(self.q_shape)
+
+    def _token_rows(self, q, k, v, out, k_rows) -> dict:
+        """q and out as (B * Sq, H, D) token rows, k/v reshaped to ``k_rows`` (None: as given)."""
         if k_rows is not None:
             k, v = k.reshape(k_rows), v.reshape(k_rows)
-        self._run(q=q.reshape(self.q_rows), k=k, v=v, out=out_rows, softmax_lse=lse, **arrays)
-        return out if out is not None else out_rows.reshape(self.q_shape)
+        return dict(q=q.reshape(self.q_rows), k=k, v=v, out=out.reshape(self.q_rows))
 
     def _lse_per_batch(self, lse):
         """The kernels' (H, B * Sq) LSE as flash-attn's (B, H, Sq)."""
@@ -248,23 +253,24 @@ class KVCacheCall(_Call):
                 cache_batch_idx, cache_leftpad, block_table, alibi_slopes, sinks,
                 mm_prefix_ranges, out):
         seqlens = self.seqlens if self.seqlens is not None else cache_seqlens
+        arrays = dict(seqused_k=seqlens, cache_batch_idx=cache_batch_idx,
+                      leftpad_k=cache_leftpad, block_table=block_table,
+                      alibi_slopes=self._alibi(alibi_slopes), sinks=sinks,
+                      mm_prefix_ranges=mm_prefix_ranges)
         if k is not None and not self.no_keys:
             if self.plan is None and self.xp is not np and not self.no_queries:
                 # The first call of this signature: a kernel this GPU cannot run (too much
                 # shared memory, _cuda/device_limits.py) must be refused before the append
                 # writes the cache.  The kernels depend on shapes and dtypes only, so the
-                # problem of the unrotated q names the same ones.
+                # problem of the unrotated q names the same ones (q stands in for out: the
+                # check writes nothing).
                 from ._cuda.device_limits import check_fits
 
-                kv = (k_cache, v_cache) if self.k_cache_rows is None else (
-                    k_cache.reshape(self.k_cache_rows), v_cache.reshape(self.k_cache_rows))
                 check_fits(AttentionProblem(
-                    q=q.reshape(self.q_rows), k=kv[0], v=kv[1],
-                    out=(q if out is None else out).reshape(self.q_rows),  # never written
+                    **self._token_rows(q, k_cache, v_cache, q if out is None else out,
+                                       self.k_cache_rows),
                     softmax_lse=self._lse_buffer(self.q_rows[0], False, q.dtype),
-                    seqused_k=seqlens, cache_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad,
-                    block_table=block_table, alibi_slopes=self._alibi(alibi_slopes), sinks=sinks,
-                    mm_prefix_ranges=mm_prefix_ranges, **self.fields))
+                    **arrays, **self.fields))
             q = rotary_ops.rotate_and_append(
                 q, k_cache, v_cache, k, v, seqlens, cos=rotary_cos, sin=rotary_sin,
                 interleaved=self.rotary_interleaved, q_per_token=self.q_per_token,
@@ -272,8 +278,5 @@ class KVCacheCall(_Call):
                 plans=self.rope_plans, fp8_scales=self.fp8_scales,
             )
         lse = self._lse_buffer(self.q_rows[0], self.return_lse, q.dtype)
-        result = self._run_token_rows(
-            q, k_cache, v_cache, out, lse, self.k_cache_rows, seqused_k=seqlens,
-            cache_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad, block_table=block_table,
-            alibi_slopes=self._alibi(alibi_slopes), sinks=sinks, mm_prefix_ranges=mm_prefix_ranges)
+        result = self._run_token_rows(q, k_cache, v_cache, out, lse, self.k_cache_rows, **arrays)
         return (result, self._lse_per_batch(lse)) if self.return_lse else result

@@ -84,14 +84,15 @@ def plan_attention(problem):
 
 def describe_launches(problem, sm_count=None, arch=None, device_cc=None) -> tuple:
     """What :func:`plan_attention` would launch, as plain data and without a GPU (``sm_count``
-    given): one dict per kernel with ``kernel`` (entry-point name), ``arch`` (kernel family,
-    compile.ARCHS), ``grid``, ``block``,
-    ``smem`` (bytes) and, for decode, ``splits`` and the query-length range it serves.  Plan
-    tests (``tests/test_plan.py``) and debugging read it; the plans compute the same values
-    through the same functions.  ``arch`` / ``device_cc``: the prefill family, or the compute
-    capability it is chosen for (default: the current device; 80 without a GPU).  The sm90
-    grid is persistent (at most one CTA per SM: ``sm_count``, default the current device's, or
-    132 when ``device_cc`` describes a device that is not there)."""
+    given): one dict per kernel with ``kind`` ("decode" / "prefill"), ``kernel`` (entry point),
+    ``arch`` (kernel family, compile.ARCHS), ``grid``, ``block``, ``smem`` (bytes) and, for
+    decode, ``splits`` and the query-length range it serves.  Plan tests
+    (``tests/test_plan.py``), the shared-memory check (``device_limits.py``) and debugging read
+    it; the plans compute the same values through the same functions.  ``arch`` /
+    ``device_cc``: the prefill family, or the compute capability it is chosen for (default: the
+    current device; 80 without a GPU).  The sm90 grid is persistent (at most one CTA per SM:
+    ``sm_count``, default the current device's, or 132 when ``device_cc`` describes a device
+    that is not there)."""
     from .decode import DECODE_THREADS, decode_grid, plan as decode_plan, smem_bytes as decode_smem
     from .schedule import launch_grid
 
@@ -100,7 +101,7 @@ def describe_launches(problem, sm_count=None, arch=None, device_cc=None) -> tupl
     if kind in ("decode", "mixed"):
         key, m_blocks, splits = decode_plan(problem, len_q_max=limit, sm_count=sm_count)
         grid = decode_grid(problem, m_blocks, splits, key.v_splits)
-        out.append(dict(kernel=key.name, arch=key.arch, grid=grid,
+        out.append(dict(kind="decode", kernel=key.name, arch=key.arch, grid=grid,
                         block=(DECODE_THREADS,), smem=decode_smem(key.head_dim), splits=splits,
                         len_q=(1, limit) if limit is not None else (1, None)))
     if kind in ("prefill", "mixed"):
@@ -109,7 +110,7 @@ def describe_launches(problem, sm_count=None, arch=None, device_cc=None) -> tupl
         if key.arch == "sm90" and sm_count is None and device_cc is not None:
             sm_count = 132  # described for a 9.0 device without one: an H100 / H200 SXM
         grid = launch_grid(problem, tr, key.arch, sm_count=sm_count)
-        out.append(dict(kernel=key.name, arch=key.arch, grid=grid,
+        out.append(dict(kind="prefill", kernel=key.name, arch=key.arch, grid=grid,
                         block=(tr.num_threads,),
                         smem=tr.smem_bytes, splits=1,
                         len_q=(limit + 1, None) if limit is not None else (1, None)))

@@ -60,7 +60,7 @@ def check_fits(problem, limit=None, sm_count=None, device_cc=None) -> None:
         need = int(launch["smem"])
         if need <= limit:
             continue
-        kind = "decode" if "decode" in launch["kernel"] else "prefill"
+        kind = launch["kind"]
         dtype = kernel_dtype_tag(problem.q.dtype)
         best = _largest_fitting_head_dim(launch["arch"], kind, dtype, limit)
         fix = ("run it on a GPU that allows more shared memory per block (Hopper: 227 KB)"
