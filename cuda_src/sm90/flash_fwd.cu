@@ -219,17 +219,17 @@ __device__ __forceinline__ void producer_q_tma(const Sm90Tile& w, const Sm90Smem
 // Copy order per tile: K(n), then signal the previous tile's V; V(n), then signal K(n).  A
 // tile's FULL barrier is thus never held back by the consumers' progress on the tile before it
 // (only by the copies themselves), and two tiles' copies are in flight at once.
-// `it` counts the ring's tiles over the CTA's whole schedule (stage it % kStages).
+// `it` counts the ring's tiles over the CTA's whole schedule (stage it % kStages); `id` is this
+// thread's page id of the first key tile (PageIds::fetch, read by the caller ahead of time).
 template <class Tr>
 __device__ __forceinline__ void producer_paged_gather(const FwdParams& p, const Sm90Tile& w,
                                                       const Sm90Smem<Tr>& sm, const TmaMaps& maps,
-                                                      int& it, int t) {
+                                                      int& it, int t, int id) {
   const SeqInfo& si = w.si;
   const int n_min = w.n_min, n_max = w.n_max;
   producer_q_tma<Tr>(w, sm, maps, t);
   const u16* k_head = p.k + si.kv_head_off;
   const u16* v_head = p.v + si.kv_head_off;
-  int id = PageIds<Tr>::fetch(si, n_max - 1, t);
   for (int n_block = n_max - 1; n_block >= n_min; --n_block, ++it) {
     const int s = it % Tr::kStages, phase = (it / Tr::kStages) & 1;
     const int* ids = sm.ids + s * Tr::kBlockN;
@@ -318,18 +318,18 @@ __device__ __forceinline__ void tma_kv_tile(u32 dst, const pipe::TmaDesc* map, c
 
 // The TMA producer, dense and paged: Q and every whole key tile by TMA (dense: tma_tile; paged,
 // where pages tile the key tile: tma_paged_tile through the tile's page ids), the tile that
-// holds the end of the sequence gathered by cp.async (zeros past len_k).
+// holds the end of the sequence gathered by cp.async (zeros past len_k).  Paged: `id` is this
+// thread's page id of the first key tile, read by the caller ahead of time (dense: unused).
 template <class Tr, bool Is_paged>
 __device__ __forceinline__ void producer_tma(const FwdParams& p, const Sm90Tile& w,
                                              const Sm90Smem<Tr>& sm, const TmaMaps& maps,
-                                             int& it, int t) {
+                                             int& it, int t, int id) {
   const SeqInfo& si = w.si;
   const int n_min = w.n_min, n_max = w.n_max;
   producer_q_tma<Tr>(w, sm, maps, t);
   const int hk = w.bidh / p.h_per_kv;
   const u16* k_head = p.k + si.kv_head_off;
   const u16* v_head = p.v + si.kv_head_off;
-  int id = Is_paged ? PageIds<Tr>::fetch(si, n_max - 1, t) : 0;
   for (int n_block = n_max - 1; n_block >= n_min; --n_block, ++it) {
     const int s = it % Tr::kStages, phase = (it / Tr::kStages) & 1;
     const bool whole = (n_block + 1) * Tr::kBlockN <= si.len_k;
@@ -645,6 +645,13 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
       const int i = tile_of_round(r);
       Sm90Tile w;
       if (i >= num_tiles || !tile_at<Tr, Is_paged>(p, i, w)) continue;
+      // Paged: the page ids of the tile's first key tile are read BEFORE the wait for the
+      // consumers' last Q, so the load lands while they finish the previous tile (read after
+      // the wait it was on the path of every tile's first K copy: one L2 round trip per query
+      // tile, which at S = 512 -- 4 key tiles per query tile -- held paged at 0.82x of dense).
+      // The producer's later reads run one key tile ahead (PageIds).
+      int id = 0;
+      if constexpr (Is_paged) id = w.n_max > w.n_min ? PageIds<Tr>::fetch(w.si, w.n_max - 1, tidx) : -1;
       pipe::bar_wait(sm.q_empty(), (tq & 1) ^ 1);  // the consumers are done with the last Q
       ++tq;
       if (w.n_max <= w.n_min) {  // no key to load: O = 0, LSE = +inf
@@ -653,11 +660,11 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
       }
       if constexpr (Is_paged) {
         if (paged_tma_ok<Tr>(p))
-          producer_tma<Tr, true>(p, w, sm, maps, it, tidx);
+          producer_tma<Tr, true>(p, w, sm, maps, it, tidx, id);
         else
-          producer_paged_gather<Tr>(p, w, sm, maps, it, tidx);
+          producer_paged_gather<Tr>(p, w, sm, maps, it, tidx, id);
       } else {
-        producer_tma<Tr, false>(p, w, sm, maps, it, tidx);
+        producer_tma<Tr, false>(p, w, sm, maps, it, tidx, id);
       }
     }
   } else {
