@@ -218,17 +218,26 @@ def test_persistent_grid_balances_causal_tiles_over_the_ctas():
     assert schedule.persistent_grid(p, tr, H100_SMS) == (H100_SMS, 1, 1)
 
 
-def test_sequences_of_unknown_lengths_get_one_cta_per_tile_on_sm90():
-    """Varlen / paged (cu_seqlens, seqused_k): the host does not know the tiles' work, so the
-    hardware schedules one CTA per tile (the same kernel, one round each)."""
+def test_sequences_of_unknown_lengths_claim_tiles_dynamically_on_sm90():
+    """Varlen / paged (cu_seqlens, seqused_k): the host does not know the tiles' work, so one
+    CTA per SM claims tiles from a counter (sm90/tile_scheduler.cuh) instead of static rounds;
+    known lengths keep the static rounds (no counter); few tiles get one CTA each."""
     from cupy_flashattn._cuda import schedule
 
     tr = cc.traits(128, "sm90")
     p = _problem(B=8, max_q=2048, max_k=2048, H=16, Hk=16, D=128, varlen=True)
     assert not schedule.uniform_lengths(p)
-    assert schedule.persistent_grid(p, tr, H100_SMS) == (16 * 16 * 8, 1, 1)
+    grid = schedule.persistent_grid(p, tr, H100_SMS)
+    assert grid == (H100_SMS, 1, 1) and schedule.dynamic_schedule(p, tr, "sm90", grid)
+    assert not schedule.dynamic_schedule(p, tr, "sm80", grid)
+    one_per_tile = (16 * 16 * 8, 1, 1)  # CUPY_FLASHATTN_SM90_GRID=tiles: one round, no counter
+    assert not schedule.dynamic_schedule(p, tr, "sm90", one_per_tile)
+    few = _problem(B=1, max_q=256, max_k=256, H=4, Hk=4, D=128, varlen=True)  # 8 tiles
+    assert schedule.persistent_grid(few, tr, H100_SMS) == (8, 1, 1)
+    assert not schedule.dynamic_schedule(few, tr, "sm90", (8, 1, 1))
     p = _problem(B=8, max_q=2048, max_k=2048, H=16, Hk=16, D=128)
     assert schedule.uniform_lengths(p) and schedule.persistent_grid(p, tr, H100_SMS) == (H100_SMS, 1, 1)
+    assert not schedule.dynamic_schedule(p, tr, "sm90", (H100_SMS, 1, 1))
 
 
 def test_sm90_grid_switch_for_ab_runs_and_many_round_tests(monkeypatch):

@@ -13,10 +13,13 @@ from cupy_flashattn._cuda.tma import MAP_BYTES, fwd_geometries
 def test_layout_puts_the_maps_first_and_the_base_struct_at_384():
     assert SM90_ARGS.base_offset == 3 * MAP_BYTES == 384
     assert SM90_ARGS.size % 64 == 0 and SM90_ARGS.size >= 384 + FWD_ARGS.dtype.itemsize
-    for name, word in FWD_ARGS.pointer_words.items():
+    for name, word in FWD_ARGS.pointer_words.items():  # the base struct starts with PARAMS
         assert SM90_ARGS.pointer_words[name] == word + 48
+    # then the sm90-only fields: the dynamic schedule's counter (sm90/tile_scheduler.cuh)
+    assert SM90_ARGS.base.names == FWD_ARGS.names + ("tile_counter",)
+    assert SM90_ARGS.pointer_words["tile_counter"] == SM90_ARGS.base.pointer_words["tile_counter"] + 48
     c = SM90_ARGS.c_struct()
-    assert "alignas(64)" in c and f"== {SM90_ARGS.size}" in c and "fa_fwd_args base;" in c
+    assert "alignas(64)" in c and f"== {SM90_ARGS.size}" in c and "fa_fwd_sm90_base base;" in c
 
 
 def test_new_writes_the_base_struct_after_zero_maps():
@@ -26,7 +29,7 @@ def test_new_writes_the_base_struct_after_zero_maps():
     assert packed.dtype.itemsize == SM90_ARGS.size
     raw = packed.view(np.uint8)
     assert not raw[:384].any()  # maps are written per launch (write_maps)
-    base = FWD_ARGS.read(raw[384:384 + FWD_ARGS.dtype.itemsize].copy().view(FWD_ARGS.void))
+    base = SM90_ARGS.base.read(raw[384:384 + SM90_ARGS.base.dtype.itemsize].copy().view(SM90_ARGS.base.void))
     assert base["head_dim"] == 80 and base["num_heads"] == 6 and base["softmax_scale"] == np.float32(0.125)
 
     class Arr:  # a stand-in with a CuPy-like .data.ptr

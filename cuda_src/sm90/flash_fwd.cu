@@ -27,6 +27,7 @@
 #include "../attn/softmax.cuh"
 #include "kernel_traits.cuh"
 #include "pipeline.cuh"
+#include "tile_scheduler.cuh"
 #include "wgmma.cuh"
 #include "wgmma_ops.cuh"
 
@@ -38,6 +39,7 @@ struct Sm90Smem {
   u32 q, k0, v0, o, bars;
   int* ids;    // [kStages][kBlockN] page id per key row (paged)
   int* flags;  // [kStages][4] absent-page flag per producer warp (paged)
+  u32 sched_slots;  // [2] ints: the dynamic schedule's mailbox (tile_scheduler.cuh)
 
   __device__ explicit Sm90Smem(unsigned char* raw) {
     const u32 raw_addr = smem_u32(raw);
@@ -48,6 +50,7 @@ struct Sm90Smem {
     bars = v0 + Tr::kStages * Tr::kSmemKV + Tr::kSmemO;
     ids = reinterpret_cast<int*>(raw + (bars - raw_addr) + Tr::kSmemBars);
     flags = ids + Tr::kStages * Tr::kBlockN;
+    sched_slots = smem_u32(flags + Tr::kStages * 4);
   }
   __device__ u32 k(int s) const { return k0 + s * Tr::kSmemKV; }
   __device__ u32 v(int s) const { return v0 + s * Tr::kSmemKV; }
@@ -57,16 +60,14 @@ struct Sm90Smem {
   __device__ u32 v_full(int s) const { return bars + 8 * (2 + Tr::kStages + s); }
   __device__ u32 k_empty(int s) const { return bars + 8 * (2 + 2 * Tr::kStages + s); }
   __device__ u32 v_empty(int s) const { return bars + 8 * (2 + 3 * Tr::kStages + s); }
+  __device__ u32 sched_bars() const { return bars + 8 * (2 + 4 * Tr::kStages); }  // 4 of them
 };
 
 // ---- Persistent schedule ----------------------------------------------------------------------
-// The grid is at most one CTA per SM (_cuda/schedule.py persistent_grid).  Tiles i = m + tiles_m (h + H b)
-// run in rounds of gridDim.x, in the order a one-CTA-per-tile grid would run them (neighbouring
-// CTAs share a head's K / V in L2); in round r CTA c takes tile r G + c, or r G + G - 1 - c in
-// odd rounds (the snake evens out causal tiles of unequal work: 132 CTAs over 16 tiles per
-// head otherwise give CTA 0 only tiles of work 16, 12, 8, 4 and CTA 3 13, 9, 5, 1).  Both kinds
-// of warpgroup walk the same sequence, each computing every tile's geometry itself (no tile
-// index in shared memory).
+// The grid is at most one CTA per SM (_cuda/schedule.py persistent_grid); each CTA runs query
+// tiles i = m + tiles_m (h + H b) one after another, as sm90/tile_scheduler.cuh hands them out
+// (static rounds in a snake order for problems of known lengths, claimed from a counter
+// otherwise).  Both kinds of warpgroup compute every tile's geometry themselves (tile_at).
 // So the producer loads the next tile's Q and first K / V while the consumers finish this one
 // (measured before: one CTA per tile paid ~5.8 key tiles of fill and drain per CTA, holding
 // S = 2k at 0.87x of cuDNN against 0.95x at S = 8k).  The host picks gridDim.x so that causal
@@ -78,12 +79,6 @@ struct Sm90Tile {
   // reaches them): the consumers' tile ranges and row lookups reuse it.
   int hull_start, hull_end;
 };
-
-// The tile CTA c runs in round r (>= num_tiles: none, in the last round).
-__device__ __forceinline__ int tile_of_round(int r) {
-  const int c = r & 1 ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-  return r * (int)gridDim.x + c;
-}
 
 // Tile i's coordinates and key-tile range; false when it holds no query of this launch.
 template <class Tr, bool Is_paged>
@@ -620,7 +615,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const Sm90Tile& w,
 }
 
 template <class Tr, class Elem, bool Has_transform, bool Is_paged>
-__device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps& maps) {
+__device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps& maps,
+                                               int* tile_counter) {
   extern __shared__ __align__(16) unsigned char smem[];  // aligned up by Sm90Smem
   const int tidx = threadIdx.x, wg = tidx >> 7;
   const Sm90Smem<Tr> sm(smem);
@@ -634,15 +630,19 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
       pipe::bar_init(sm.k_empty(s), 128 * Tr::kConsumerWGs);
       pipe::bar_init(sm.v_empty(s), 128 * Tr::kConsumerWGs);
     }
+    TileScheduler::init_barriers(sm.sched_bars());
   }
   __syncthreads();
 
+  // tile_counter: the dynamic schedule's counter, or null for static rounds (tile_scheduler.cuh).
+  const int num_tiles = p.tiles_m * p.num_heads * p.batch;
+  TileScheduler sched;
   if (wg == 0) {
     pipe::regs_dealloc<Tr::kProducerRegs>();
-    const int num_tiles = p.tiles_m * p.num_heads * p.batch;
     int it = 0, tq = 0;
-    for (int r = 0; r * (int)gridDim.x < num_tiles; ++r) {
-      const int i = tile_of_round(r);
+    for (;;) {
+      const int i = sched.next(num_tiles, tile_counter, sm.sched_bars(), sm.sched_slots, tidx == 0);
+      if (i < 0) break;
       Sm90Tile w;
       if (i >= num_tiles || !tile_at<Tr, Is_paged>(p, i, w)) continue;
       // Paged: the page ids of the tile's first key tile are read BEFORE the wait for the
@@ -669,13 +669,13 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
     }
   } else {
     pipe::regs_alloc<Tr::kConsumerRegs>();
-    const int num_tiles = p.tiles_m * p.num_heads * p.batch;
     const int cw = wg - 1;
     // Ping-pong: warpgroup 0 takes the first turn (see consumer), once for the whole schedule.
     if (Tr::pingpong(Is_paged, Has_transform) && cw == 1) pipe::named_arrive(1, 256);
     int it = 0, tq = 0;
-    for (int r = 0; r * (int)gridDim.x < num_tiles; ++r) {
-      const int i = tile_of_round(r);
+    for (;;) {
+      const int i = sched.next(num_tiles, tile_counter, sm.sched_bars(), sm.sched_slots, false);
+      if (i < 0) break;
       Sm90Tile w;
       if (i >= num_tiles || !tile_at<Tr, Is_paged>(p, i, w)) continue;
       consumer<Tr, Elem, Has_transform, Is_paged>(p, w, sm, it, tq, cw, tidx - 128 * wg);

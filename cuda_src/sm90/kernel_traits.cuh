@@ -6,8 +6,8 @@
 // kProducerRegs / kConsumerRegs with the same total (e.g. 128 x 56 + 256 x 224 = 384 x 168), so
 // the consumers' increase never waits on registers another CTA holds.
 // Shared memory: Q (kBlockM x D), kStages K and V tiles (kBlockN x D), the O staging tile
-// (kSeparateO), all in the SW128 layout of wgmma.cuh, 1024-byte aligned; then the mbarriers and
-// (paged) the page ids per stage.
+// (kSeparateO), all in the SW128 layout of wgmma.cuh, 1024-byte aligned; then the mbarriers,
+// (paged) the page ids per stage and the tile scheduler's mailbox.
 #pragma once
 #include "../common.cuh"
 
@@ -90,16 +90,19 @@ struct Sm90FwdTraitsBase {
   static constexpr bool kSeparateO = kSmemQ + 2 * kStages * kSmemKV + kSmemQ <= 200 * 1024;
   static constexpr int kSmemO = kSeparateO ? kSmemQ : 0;
   static constexpr int kSmemTiles = kSmemQ + 2 * kStages * kSmemKV + kSmemO;
-  // q_full, q_empty, k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages]:
-  // 8 bytes each.
-  static constexpr int kNumBars = 2 + 4 * kStages;
+  // q_full, q_empty, k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages],
+  // then the tile scheduler's mailbox barriers (full[2], empty[2]; tile_scheduler.cuh): 8 bytes
+  // each.
+  static constexpr int kNumBars = 2 + 4 * kStages + 4;
   static constexpr int kSmemBars = ceil_div(kNumBars * 8, 16) * 16;
   // Paged: per stage, the page id of each key row (the mask's absent-page test) and one
   // "some key is on an absent page" flag per producer warp.
   static constexpr int kSmemIds = kStages * kBlockN * 4;
   static constexpr int kSmemFlags = kStages * 4 * 4;
+  static constexpr int kSmemSchedSlots = 2 * 4;  // the tile scheduler's mailbox
   // + 1024: the dynamic shared memory base is only 16-byte aligned; the kernel rounds it up.
-  static constexpr int kSmemBytes = 1024 + kSmemTiles + kSmemBars + kSmemIds + kSmemFlags;
+  static constexpr int kSmemBytes =
+      1024 + kSmemTiles + kSmemBars + kSmemIds + kSmemFlags + kSmemSchedSlots;
 };
 
 template <int kHeadDim>

@@ -298,8 +298,11 @@ def shipped_precise_keys(dtypes: Sequence[str] = PRECISE_DTYPES) -> list:
 
 #: The forward entry points' one argument (see packing.py): PARAMS as a struct.
 FWD_ARGS = ArgPack("fa_fwd_args", PARAMS)
-#: The sm90 entry points' argument: the TMA maps of q, k, v, then FWD_ARGS (tma.py).
-SM90_ARGS = TmaArgPack("fa_fwd_sm90_args", FWD_ARGS)
+#: The sm90 entry points' own fields after PARAMS: the dynamic tile schedule's counter (two
+#: int32 in global memory, zero at launch; null for static rounds -- sm90/tile_scheduler.cuh).
+SM90_EXTRA = (("int*", "tile_counter"),)
+#: The sm90 entry points' argument: the TMA maps of q, k, v, then PARAMS + SM90_EXTRA (tma.py).
+SM90_ARGS = TmaArgPack("fa_fwd_sm90_args", ArgPack("fa_fwd_sm90_base", PARAMS + SM90_EXTRA))
 #: The precise entry points' argument: FWD_ARGS plus the float64 scale and softcap
 #: (``fa::PreciseScalars``; FwdParams holds them rounded to float32).
 PRECISE_SCALARS = (("double", "softmax_scale_f64"), ("double", "softcap_f64"))
@@ -355,7 +358,8 @@ extern "C" __global__ void __launch_bounds__({t.num_threads}, 1) {key.name}(
   fa::FwdParams p;
 {FWD_ARGS.assign("p", "a.base")}
   const fa::TmaMaps maps{{&a.tma_q, &a.tma_k, &a.tma_v}};
-  fa::flash_fwd_sm90<{tr_cxx}, {elem}, {b(key.transform)}, {b(key.paged)}>(p, maps);
+  fa::flash_fwd_sm90<{tr_cxx}, {elem}, {b(key.transform)}, {b(key.paged)}>(p, maps,
+                                                                           a.base.tile_counter);
 }}
 """
 
@@ -375,7 +379,8 @@ def kernel_source(keys: Union[KernelKey, Iterable[KernelKey]]) -> str:
     if precise == {True}:
         return (build_source("sm80/flash_fwd_precise.cu") + '#line 1 "<generated entry points>"\n'
                 + FWD_ARGS.c_struct() + PRECISE_ARGS.c_struct() + "".join(_wrapper(k) for k in keys))
-    structs = FWD_ARGS.c_struct() + (SM90_ARGS.c_struct() if arch == "sm90" else "")
+    structs = FWD_ARGS.c_struct() + (SM90_ARGS.base.c_struct() + SM90_ARGS.c_struct()
+                                     if arch == "sm90" else "")
     return (build_source(f"{arch}/flash_fwd.cu") + '#line 1 "<generated entry points>"\n'
             + structs + "".join(_wrapper(k) for k in keys))
 

@@ -27,7 +27,7 @@ from .args import aligned as _aligned
 from .compile import (FWD_ARGS, PRECISE_ARGS, SM90_ARGS, SM90_HEAD_DIM_BUCKETS, SM90_UNSHIPPED,
                       KernelKey, bucket_for, get_kernel, is_precise, kernel_dtype_tag, traits)
 from .launcher import Launch, TmaLaunch, launch_packed
-from .schedule import launch_grid, prefill_grid
+from .schedule import dynamic_schedule, launch_grid, prefill_grid
 from .tma import fwd_geometries
 
 __all__ = ["run_attention", "is_available", "select_kernel", "prefill_arch", "force_prefill_arch",
@@ -185,6 +185,12 @@ class PrefillPlan:
         self.tiles_m = tiles[0]
         self.empty = not (tiles[0] > 0 and tiles[2] > 0 and p.total_q > 0)
         self.grid = tiles if self.empty else launch_grid(p, tr, key.arch)
+        # sm90 CTAs claiming tiles from a counter (schedule.dynamic_schedule): one zeroed
+        # counter per CUDA stream, kept by the plan (the kernel leaves it zeroed for the next
+        # launch, see sm90/tile_scheduler.cuh); calls on one stream run in order, another
+        # stream gets its own.
+        self.dynamic = not self.empty and dynamic_schedule(p, tr, key.arch, self.grid)
+        self._counters: dict = {}
         self.block = (tr.num_threads,)
         self.smem = tr.smem_bytes
         self.kernel = None if self.empty else get_kernel(key)
@@ -206,8 +212,22 @@ class PrefillPlan:
                 self.launch = Launch(self.kernel, self.grid, self.block, self.smem, self.args,
                                      self.args.new(values))
 
+    def _tile_counter(self):
+        """The dynamic schedule's counter of the current stream (None: static rounds)."""
+        if not self.dynamic:
+            return None
+        import cupy
+
+        key = cupy.cuda.get_current_stream().ptr
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = self._counters[key] = cupy.zeros(2, dtype=np.int32)
+        return counter
+
     def _values(self, ops, p):
         values = ops.fwd_values(len_q_min=self.len_q_min, tiles_m=self.tiles_m)
+        if self.tma:
+            values["tile_counter"] = self._tile_counter()
         if self.args is PRECISE_ARGS:
             values.update(softmax_scale_f64=float(p.softmax_scale),
                           softcap_f64=float(p.softcap) if p.softcap > 0 else 0.0)
@@ -220,7 +240,10 @@ class PrefillPlan:
     def run(self, p: AttentionProblem) -> None:
         if self.direct:
             if self.launch is not None:
-                self.launch(problem_pointers(p))
+                pointers = problem_pointers(p)
+                if self.dynamic:
+                    pointers["tile_counter"] = self._tile_counter()
+                self.launch(pointers)
             return
         ops = Operands(p, self.compute_dtype)
         if not self.empty:

@@ -2,12 +2,17 @@
 persistent schedule's CTA count.
 
 sm80 launches one CTA per query tile (``prefill_grid``: query tiles of the longest sequence x
-heads x batch).  sm90 launches at most one CTA per SM for problems whose sequence lengths the
-host knows (:func:`uniform_lengths`); each CTA walks the tiles i = m + tiles_m (h + H b) in
-rounds of the grid, odd rounds reversed (``cuda_src/sm90/flash_fwd.cu``, "Persistent
-schedule"), and :func:`persistent_grid` picks the CTA count that balances causal tiles of
-unequal work.  Varlen / paged problems take one CTA per tile (one round each) and the hardware
-balances them.  Measurements behind each choice: benchmarks/NOTES.md, sm90 v7.
+heads x batch).  sm90 launches at most one CTA per SM, each running the tiles i = m + tiles_m
+(h + H b) that ``cuda_src/sm90/tile_scheduler.cuh`` hands it:
+* problems whose sequence lengths the host knows (:func:`uniform_lengths`): static rounds of
+  the grid, odd rounds reversed, with the CTA count :func:`persistent_grid` picks to balance
+  causal tiles of unequal work;
+* the others (cu_seqlens, seqused_k, leftpad: lengths on the device, e.g. every varlen and
+  paged-cache call): one CTA per SM claiming tiles from a counter (:func:`dynamic_schedule`),
+  so unequal sequences balance like a one-CTA-per-tile grid while each CTA still overlaps a
+  tile's fill with the previous tile (static rounds measured varlen at 0.81-1.04x of dense; one
+  CTA per tile paid the fill per tile: paged S = 512 0.80x of dense).
+Measurements behind each choice: benchmarks/NOTES.md, sm90 v7 and "dynamic schedule".
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import numpy as np
 from ..problem import AttentionProblem
 
 __all__ = ["prefill_grid", "persistent_grid", "uniform_lengths", "snake_makespan", "launch_grid",
-           "sm_count_of", "SM90_GRID_ENV"]
+           "dynamic_schedule", "sm_count_of", "SM90_GRID_ENV"]
 
 
 def prefill_grid(problem: AttentionProblem, tr) -> tuple:
@@ -68,23 +73,24 @@ def uniform_lengths(problem: AttentionProblem) -> bool:
     q and k, no per-sequence lengths on the device).  Only then does the host know each tile's
     work; with cu_seqlens / seqused_k / leftpad the sm90 launch takes one CTA per tile and the
     hardware balances the unequal sequences (the persistent grid's static rounds measured
-    varlen at 0.81-1.04x of dense, 0.84x at S = 2k D = 128, where one CTA per tile measured 1.00x)."""
+    varlen at 0.81-1.04x of dense, 0.84x at S = 2k D = 128, where one CTA per tile measured 1.00x);
+    their CTAs claim tiles dynamically instead (:func:`dynamic_schedule`)."""
     p = problem
     return all(x is None for x in (p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.leftpad_k))
 
 
 def persistent_grid(problem: AttentionProblem, tr, sm_count: int) -> tuple:
-    """The sm90 family's launch grid: (CTAs,) with at most one CTA per SM, each walking its
-    query tiles in rounds (flash_fwd.cu's persistent schedule), for problems of
-    :func:`uniform_lengths` (else one CTA per tile: one round each).  Without a window every tile
-    costs the same and every SM gets a CTA.  Under a causal / local window tile m's work grows
-    with m; the count among the 16 below the SM count whose heaviest CTA has the least work
+    """The sm90 family's launch grid: (CTAs,) with at most one CTA per SM.  Problems of
+    :func:`uniform_lengths` walk their query tiles in static rounds: without a window every tile
+    costs the same and every SM gets a CTA; under a causal / local window tile m's work grows
+    with m, and the count among the 16 below the SM count whose heaviest CTA has the least work
     (:func:`snake_makespan`, ties to more CTAs) is taken -- within 3% of an even split at
-    S = 2k..16k causal, against up to 20% for a plain c, c + CTAs, ... order."""
+    S = 2k..16k causal, against up to 20% for a plain c, c + CTAs, ... order.  The others get
+    one CTA per SM claiming tiles as they free up (:func:`dynamic_schedule`)."""
     tiles_m, heads, batch = prefill_grid(problem, tr)
     total = tiles_m * heads * batch
     if total <= sm_count or not uniform_lengths(problem):
-        return (max(total, 1), 1, 1)
+        return (max(min(total, sm_count), 1), 1, 1)
     if problem.window_right < 0 and problem.window_left < 0:
         return (sm_count, 1, 1)
     per_head = tuple(int(w) for w in _tile_work(problem, tiles_m, tr.block_m, tr.block_n))
@@ -113,8 +119,20 @@ def sm_count_of(device_id=None) -> int:
 #: Development switch (device A/B runs and tests): "tiles" launches the sm90 kernels with one
 #: CTA per query tile (the persistent loop then runs one round per CTA, the hardware
 #: schedules); "ctas=N" runs every problem (uniform lengths or not) on at most N persistent
-#: CTAs, so that small test problems take many rounds per CTA (tests/gpu/test_sm90_persistent.py).
+#: CTAs, so that small test problems take many rounds (static) or claims (dynamic) per CTA
+#: (tests/gpu/test_sm90_persistent.py).
 SM90_GRID_ENV = "CUPY_FLASHATTN_SM90_GRID"
+
+
+def dynamic_schedule(problem: AttentionProblem, tr, arch: str, grid: tuple) -> bool:
+    """Whether an sm90 launch of ``grid`` claims its tiles from a counter (the kernel's dynamic
+    schedule): problems whose lengths are on the device (not :func:`uniform_lengths`) with
+    fewer CTAs than tiles.  Static rounds serve the rest (one round when every tile has a CTA:
+    the "tiles" grid mode, or few tiles)."""
+    if arch != "sm90" or uniform_lengths(problem):
+        return False
+    tiles_m, heads, batch = prefill_grid(problem, tr)
+    return int(grid[0]) < tiles_m * heads * batch
 
 
 def launch_grid(problem: AttentionProblem, tr, arch: str, sm_count=None) -> tuple:

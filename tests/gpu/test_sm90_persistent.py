@@ -80,3 +80,37 @@ def test_gqa_and_single_rows_many_rounds():
     rng = np.random.default_rng(11)
     _check(make_problem(rng, dtype="bf16", d=64, h=16, hk=2, lens_q=[1, 200, 1],
                         lens_k=[4096, 333, 97], causal=True))
+
+
+@pytest.mark.parametrize("page", [0, 16])
+def test_dynamic_schedule_counter_is_ready_for_the_next_launch(page):
+    """Varlen / paged launches claim tiles from a counter that the kernel's last CTA zeroes
+    (sm90/tile_scheduler.cuh): one plan launched again and again -- back to back, then from a
+    CUDA graph replayed twice -- computes every tile each time (the output is poisoned with NaN
+    before each launch and must come back equal to the checked first one)."""
+    from cupy_flashattn._cuda.launch import PrefillPlan
+
+    rng = np.random.default_rng(21 + page)
+    problem = make_problem(rng, dtype="bf16", d=128, h=4, hk=2, lens_q=[257, 1, 130, 400],
+                           lens_k=[300, 129, 130, 1000], varlen=True, page=page, causal=True)
+    plan = PrefillPlan(problem)
+    assert plan.dynamic and plan.grid[0] <= 3
+    check_sm90(problem)
+    first = problem.out.view(cupy.uint16).copy()  # bit patterns
+    for _ in range(3):
+        problem.out.fill(np.nan)
+        plan.run(problem)
+        plan.run(problem)
+        assert bool((problem.out.view(cupy.uint16) == first).all())
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        plan.run(problem)  # this stream's counter exists before the capture
+        stream.synchronize()
+        stream.begin_capture()
+        plan.run(problem)
+        graph = stream.end_capture()
+        for _ in range(2):
+            problem.out.fill(np.nan)
+            graph.launch(stream)
+            stream.synchronize()
+            assert bool((problem.out.view(cupy.uint16) == first).all())

@@ -1,0 +1,101 @@
+// sm90/tile_scheduler.cuh -- which query tiles a persistent CTA of the sm90 kernel runs, in
+// which order (the TileScheduler of FlashAttention-3's Mainloop x Epilogue x TileScheduler).
+//
+// Tiles are numbered i = m + tiles_m (h + H b) (flash_fwd.cu tile_at maps i to its sequence,
+// head and query rows; a tile past its sequence's queries holds nothing and is skipped).
+// Two schedules, chosen by the host per launch (_cuda/schedule.py):
+//
+//  - STATIC (counter == nullptr; problems whose lengths the host knows): rounds of gridDim.x
+//    tiles, CTA c takes tile r G + c of round r, or r G + G - 1 - c in odd rounds (the snake
+//    evens out causal tiles of unequal work).  Every warpgroup walks the same sequence by
+//    itself; nothing is shared.
+//  - DYNAMIC (counter != nullptr; varlen, seqused_k, paged caches...: lengths on the device):
+//    tiles are claimed from a global counter as CTAs free up, so unequal sequences balance
+//    over the SMs like a one-CTA-per-tile grid does, while each CTA still loads the next
+//    tile's Q and first K / V under the current one (a one-CTA-per-tile grid pays that fill
+//    for every tile: paged S = 512 measured 0.80x of dense one call, stop 26).  The producer's
+//    thread 0 (the CLAIMER) takes tile blockIdx.x first, then gridDim.x + atomicAdd(counter),
+//    and posts each claim to the CTA's other threads through a two-slot mailbox in shared
+//    memory: a FULL mbarrier per slot (count 1: the claimer's post) and an EMPTY one (count
+//    384: every thread has read it), as the K / V ring.  A claim past the last tile posts -1,
+//    the end.  The claimer claims when the previous tile's loads are issued, with slack before
+//    the consumers need the next Q.
+//
+// Callers skip a tile that holds no query (tile_at false: a varlen sequence shorter than the
+// longest), as in the static schedule, so every thread reads every posted claim.
+//
+// The counter is [next tile - gridDim.x, CTAs retired], zero at launch.  The last CTA to retire
+// zeroes it again, so the next launch on the stream (or a CUDA-graph replay) starts from 0
+// with no host work; the host keeps one counter per plan and stream (launch.py).
+#pragma once
+#include "../common.cuh"
+#include "pipeline.cuh"
+
+namespace fa {
+
+__device__ __forceinline__ void st_shared_u32(u32 addr, int v) {
+  asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ u32 ld_shared_u32(u32 addr) {
+  u32 v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+
+// A thread's place in the schedule: the round (static) or the number of claims read (dynamic),
+// the only state kept across a tile.  The counter, tile count and mailbox are passed to next()
+// again each time (from the kernel's parameters and shared-memory layout): held across the
+// producer's tile (56 registers) they spilled.
+struct TileScheduler {
+  int step = 0;
+
+  __device__ static void init_barriers(u32 bars) {  // one thread, before the CTA's first sync
+    pipe::bar_init(bars, 1);        // full(0)
+    pipe::bar_init(bars + 8, 1);    // full(1)
+    pipe::bar_init(bars + 16, 384); // empty(0)
+    pipe::bar_init(bars + 24, 384); // empty(1)
+  }
+
+  // The next tile this CTA runs, or -1 when it is done.  The static schedule's last round may
+  // return an index >= num_tiles, and any tile may hold no query: callers skip those (tile_at).
+  // `counter`: the dynamic schedule's counter or null (static); `bars` / `slots`: shared-memory
+  // addresses of the mailbox's four mbarriers and two ints; `claimer`: thread 0 of the producer.
+  __device__ __forceinline__ int next(int num_tiles, int* counter, u32 bars, u32 slots,
+                                      bool claimer) {
+    const int grid = (int)gridDim.x;
+    if (counter == nullptr) {
+      if (step * grid >= num_tiles) return -1;
+      const int c = step & 1 ? grid - 1 - (int)blockIdx.x : (int)blockIdx.x;
+      return step++ * grid + c;
+    }
+    const int slot = step & 1, phase = (step >> 1) & 1;
+    const u32 full = bars + 8 * slot, empty = bars + 16 + 8 * slot, box = slots + 4 * slot;
+    ++step;
+    int i;
+    if (claimer) {
+      pipe::bar_wait(empty, phase ^ 1);  // every thread has read the claim posted 2 steps ago
+      i = step == 1 ? (int)blockIdx.x : grid + atomicAdd(counter, 1);
+      if (i >= num_tiles) i = -1;
+      st_shared_u32(box, i);
+      pipe::bar_arrive(full);  // release: the store is seen by the waiters' acquire
+      if (i < 0) retire(counter);
+    } else {
+      pipe::bar_wait(full, phase);
+      i = (int)ld_shared_u32(box);
+    }
+    pipe::bar_arrive(empty);
+    return i;
+  }
+
+  // The claimer's last act: count this CTA out; the last CTA zeroes the counter for the next
+  // launch (every CTA's claims precede its count, so none can follow the reset).
+  __device__ __forceinline__ static void retire(int* counter) {
+    __threadfence();
+    if (atomicAdd(counter + 1, 1) == (int)gridDim.x - 1) {
+      atomicExch(counter, 0);
+      atomicExch(counter + 1, 0);
+    }
+  }
+};
+
+}  // namespace fa
