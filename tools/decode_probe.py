@@ -66,7 +66,7 @@ def read_ceiling(timer, buf, B, S, Hk, layout):
     row = 128 * 2
     half = buf.nbytes // 2
     if layout == "bshd":
-        args = (B * S * Hk * row, row, Hk, Hk * row)
+        args = (S * Hk * row, row, Hk, Hk * row)
     else:  # bhsd
         args = (Hk * S * row, S * row, Hk, row)
 

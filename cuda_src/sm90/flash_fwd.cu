@@ -1,8 +1,8 @@
 // sm90/flash_fwd.cu -- FlashAttention forward for Hopper (sm_90a): warp-specialized, wgmma.
 //
-// Persistent CTAs (at most one per SM) walk query tiles of 128 rows of one (head, sequence) in
-// rounds (see "Persistent schedule"; varlen / paged launches take one CTA per tile, one round
-// each).  Three warpgroups:
+// Persistent CTAs (at most one per SM) run query tiles of 128 rows of one (head, sequence) one
+// after another, as sm90/tile_scheduler.cuh hands them out (static rounds, or claimed from a
+// counter when the lengths are on the device: varlen, paged caches).  Three warpgroups:
 //   - warpgroup 0, the PRODUCER (setmaxnreg down to kProducerRegs): copies each tile's Q and
 //     its K/V tiles into a kStages ring in shared memory (the SW128 layout of wgmma.cuh) and
 //     signals each on its FULL mbarrier.  Q, and whole dense K/V tiles, by TMA (the tile

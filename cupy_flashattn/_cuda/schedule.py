@@ -71,10 +71,10 @@ def snake_makespan(work: np.ndarray, ctas: int) -> int:
 def uniform_lengths(problem: AttentionProblem) -> bool:
     """Whether every sequence has the host's max_seqlen_q queries and max_seqlen_k keys (dense
     q and k, no per-sequence lengths on the device).  Only then does the host know each tile's
-    work; with cu_seqlens / seqused_k / leftpad the sm90 launch takes one CTA per tile and the
-    hardware balances the unequal sequences (the persistent grid's static rounds measured
-    varlen at 0.81-1.04x of dense, 0.84x at S = 2k D = 128, where one CTA per tile measured 1.00x);
-    their CTAs claim tiles dynamically instead (:func:`dynamic_schedule`)."""
+    work; with cu_seqlens / seqused_k / leftpad static rounds would leave SMs idle behind long
+    sequences (they measured varlen at 0.81-1.04x of dense, 0.84x at S = 2k D = 128, where one
+    CTA per tile measured 1.00x), so those launches claim tiles dynamically
+    (:func:`dynamic_schedule`)."""
     p = problem
     return all(x is None for x in (p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.leftpad_k))
 
