@@ -33,7 +33,7 @@ stamp "bench prefill S=512 (dense, varlen, paged16, paged256)"
 timeout ${PREFILL_TIMEOUT:-150} python3 benchmarks/bench.py --dims 128 --seqs 512 --dtypes bf16 \
   --out /tmp/b512 > "$OUT/bench512.txt" 2>&1
 cp /tmp/b512/h200.md "$OUT/b512.md" 2>/dev/null; grep "^| bf16" "$OUT/b512.md"
-if [ -n "${PROBE:-1}" ]; then
+if [ -n "${PROBE-1}" ]; then
   stamp "decode probe"
   timeout ${PROBE_TIMEOUT:-120} python3 tools/decode_probe.py --rows ${ROWS:-64:4096} --splits 0,2 \
     > "$OUT/probe.txt" 2>&1
