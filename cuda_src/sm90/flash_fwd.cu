@@ -630,7 +630,7 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
       pipe::bar_init(sm.k_empty(s), 128 * Tr::kConsumerWGs);
       pipe::bar_init(sm.v_empty(s), 128 * Tr::kConsumerWGs);
     }
-    TileScheduler::init_barriers(sm.sched_bars());
+    TileScheduler::init_barriers(sm.sched_bars(), Tr::kNThreads);
   }
   __syncthreads();
 
@@ -646,10 +646,10 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
       Sm90Tile w;
       if (i >= num_tiles || !tile_at<Tr, Is_paged>(p, i, w)) continue;
       // Paged: the page ids of the tile's first key tile are read BEFORE the wait for the
-      // consumers' last Q, so the load lands while they finish the previous tile (read after
-      // the wait it was on the path of every tile's first K copy: one L2 round trip per query
-      // tile, which at S = 512 -- 4 key tiles per query tile -- held paged at 0.82x of dense).
-      // The producer's later reads run one key tile ahead (PageIds).
+      // consumers' last Q, so the load lands while they finish the previous tile instead of on
+      // the path of the tile's first K copy (measured: no change at S = 512, paged 16 stayed
+      // at 0.82x of dense kernel-only -- NOTES.md, stop 30).  The producer's later reads run one
+      // key tile ahead (PageIds).
       int id = 0;
       if constexpr (Is_paged) id = w.n_max > w.n_min ? PageIds<Tr>::fetch(w.si, w.n_max - 1, tidx) : -1;
       pipe::bar_wait(sm.q_empty(), (tq & 1) ^ 1);  // the consumers are done with the last Q

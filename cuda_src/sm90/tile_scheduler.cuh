@@ -16,8 +16,8 @@
 //    for every tile: paged S = 512 measured 0.80x of dense one call, stop 26).  The producer's
 //    thread 0 (the CLAIMER) takes tile blockIdx.x first, then gridDim.x + atomicAdd(counter),
 //    and posts each claim to the CTA's other threads through a two-slot mailbox in shared
-//    memory: a FULL mbarrier per slot (count 1: the claimer's post) and an EMPTY one (count
-//    384: every thread has read it), as the K / V ring.  A claim past the last tile posts -1,
+//    memory: a FULL mbarrier per slot (count 1: the claimer's post) and an EMPTY one (every
+//    thread of the CTA has read it), as the K / V ring.  A claim past the last tile posts -1,
 //    the end.  The claimer claims when the previous tile's loads are issued, with slack before
 //    the consumers need the next Q.
 //
@@ -33,15 +33,6 @@
 
 namespace fa {
 
-__device__ __forceinline__ void st_shared_u32(u32 addr, int v) {
-  asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-}
-__device__ __forceinline__ u32 ld_shared_u32(u32 addr) {
-  u32 v;
-  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
-  return v;
-}
-
 // A thread's place in the schedule: the round (static) or the number of claims read (dynamic),
 // the only state kept across a tile.  The counter, tile count and mailbox are passed to next()
 // again each time (from the kernel's parameters and shared-memory layout): held across the
@@ -49,11 +40,13 @@ __device__ __forceinline__ u32 ld_shared_u32(u32 addr) {
 struct TileScheduler {
   int step = 0;
 
-  __device__ static void init_barriers(u32 bars) {  // one thread, before the CTA's first sync
-    pipe::bar_init(bars, 1);        // full(0)
-    pipe::bar_init(bars + 8, 1);    // full(1)
-    pipe::bar_init(bars + 16, 384); // empty(0)
-    pipe::bar_init(bars + 24, 384); // empty(1)
+  // One thread, before the CTA's first sync: full(0), full(1) take the claimer's post; empty(0),
+  // empty(1) an arrival of each of the CTA's `threads` threads.
+  __device__ static void init_barriers(u32 bars, int threads) {
+    pipe::bar_init(bars, 1);
+    pipe::bar_init(bars + 8, 1);
+    pipe::bar_init(bars + 16, threads);
+    pipe::bar_init(bars + 24, threads);
   }
 
   // The next tile this CTA runs, or -1 when it is done.  The static schedule's last round may
@@ -76,12 +69,12 @@ struct TileScheduler {
       pipe::bar_wait(empty, phase ^ 1);  // every thread has read the claim posted 2 steps ago
       i = step == 1 ? (int)blockIdx.x : grid + atomicAdd(counter, 1);
       if (i >= num_tiles) i = -1;
-      st_shared_u32(box, i);
+      st_shared_b32(box, (u32)i);
       pipe::bar_arrive(full);  // release: the store is seen by the waiters' acquire
       if (i < 0) retire(counter);
     } else {
       pipe::bar_wait(full, phase);
-      i = (int)ld_shared_u32(box);
+      i = (int)ld_shared_b32(box);
     }
     pipe::bar_arrive(empty);
     return i;
