@@ -47,6 +47,11 @@ __device__ __forceinline__ void ld_shared_v4(u32 (&r)[4], u32 addr) {
                : "r"(addr)
                : "memory");
 }
+__device__ __forceinline__ void st_shared_v4(u32 addr, const u32 (&r)[4]) {
+  asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};" ::"r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]),
+               "r"(r[3])
+               : "memory");
+}
 __device__ __forceinline__ void st_global_v4(void* p, const u32 (&r)[4]) {
   asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(r[0]), "r"(r[1]), "r"(r[2]),
                "r"(r[3])

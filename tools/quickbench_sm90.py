@@ -6,6 +6,8 @@ TFLOP/s of back-to-back calls (one sync per 20 calls; host work overlaps the ker
 
 --paged: also time each row with K/V in a paged pool of that page size (pages in a random
 order, through flash_attn_varlen_func with block_table), as "p<P>" columns of the sm90 path.
+--varlen: also time the same batch through flash_attn_varlen_func (equal lengths, but on the
+device: the dynamic tile schedule), as a "varlen" column.
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ def main(argv=None):
     ap.add_argument("--archs", default="sm80,sm90")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--paged", default="", help="page sizes, e.g. 16,256")
+    ap.add_argument("--varlen", action="store_true", help="a varlen column (equal lengths)")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     for item in args.rows.split(";"):
@@ -108,6 +111,13 @@ def main(argv=None):
                 return fa.flash_attn_func(q, k, v, causal=causal)
             row.append(f"{arch} {flops / per_call(call) / 1e12:.0f}")
             outs[arch] = cupy.asnumpy(call()).astype(np.float32)
+        if args.varlen:
+            cu = cupy.asarray(np.arange(0, b * s + 1, s, dtype=np.int32))
+            qf, kf, vf = (x.reshape(b * s, h, d) for x in (q, k, v))
+
+            def varlen_call():
+                return fa.flash_attn_varlen_func(qf, kf, vf, cu, cu, s, s, causal=causal)
+            row.append(f"varlen {flops / per_call(varlen_call) / 1e12:.0f}")
         for page in [int(x) for x in args.paged.split(",") if x]:
             call, check = paged_call(q, k, v, page, causal, rng)
             row.append(f"p{page} {flops / per_call(call) / 1e12:.0f}")

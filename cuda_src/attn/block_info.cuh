@@ -77,12 +77,19 @@ struct SeqInfo {
   template <bool Is_paged>
   __device__ void resolve(const FwdParams& p, int b, int h) {
     const BlockInfo<Is_paged> info(p, b);
-    q_start = info.q_start;
-    len_q = info.len_q;
-    k_start = info.k_start;
-    len_k = info.len_k;
+    const u32 lens[4] = {(u32)info.q_start, (u32)info.len_q, (u32)info.k_start, (u32)info.len_k};
+    resolve_from<Is_paged>(p, b, h, lens);
+  }
+  // The same from q_start, len_q, k_start, len_k that BlockInfo computed elsewhere (the sm90
+  // dynamic tile schedule posts them in shared memory: sm90/tile_scheduler.cuh); no global read.
+  template <bool Is_paged>
+  __device__ __forceinline__ void resolve_from(const FwdParams& p, int b, int h, const u32 (&lens)[4]) {
+    q_start = (int)lens[0];
+    len_q = (int)lens[1];
+    k_start = (int)lens[2];
+    len_k = (int)lens[3];
     kv_head_off = (i64)(h / p.h_per_kv) * p.k_head_stride;  // GQA/MQA: no K/V copies
-    table = info.table;
+    table = Is_paged ? p.block_table + (i64)b * p.table_batch_stride : nullptr;  // as BlockInfo
     if (Is_paged) page = PageDiv::make(p.page_size);
   }
 };

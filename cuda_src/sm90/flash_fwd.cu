@@ -60,7 +60,7 @@ struct Sm90Smem {
   __device__ u32 v_full(int s) const { return bars + 8 * (2 + Tr::kStages + s); }
   __device__ u32 k_empty(int s) const { return bars + 8 * (2 + 2 * Tr::kStages + s); }
   __device__ u32 v_empty(int s) const { return bars + 8 * (2 + 3 * Tr::kStages + s); }
-  __device__ u32 sched_bars() const { return bars + 8 * (2 + 4 * Tr::kStages); }  // 4 of them
+  __device__ u32 sched_bars() const { return bars + 8 * (2 + 4 * Tr::kStages); }  // TileScheduler::kBars
 };
 
 // ---- Persistent schedule ----------------------------------------------------------------------
@@ -80,15 +80,27 @@ struct Sm90Tile {
   int hull_start, hull_end;
 };
 
+struct NoPost {
+  __device__ void operator()(const SeqInfo&) const {}
+};
+
 // Tile i's coordinates and key-tile range; false when it holds no query of this launch.
-template <class Tr, bool Is_paged>
-__device__ __forceinline__ bool tile_at(const FwdParams& p, int i, Sm90Tile& w) {
+// `posted`: the sequence's rows as the producer resolved them (the dynamic schedule's post for
+// the consumers), or null to read them from global memory; `post(si)` runs as soon as they are
+// resolved (the producer posts them there: later, the 56-register producer spilled).
+template <class Tr, bool Is_paged, class Post = NoPost>
+__device__ __forceinline__ bool tile_at(const FwdParams& p, int i, Sm90Tile& w,
+                                        const u32 (*posted)[4] = nullptr, Post post = {}) {
   const int m_idx = i % p.tiles_m, hb = i / p.tiles_m;
   w.bidh = hb % p.num_heads;
   w.bidb = hb / p.num_heads;
   // Causal / local: high m_blocks see the most keys; walking them first shortens the tail.
   const int m_block = p.window_right >= 0 ? p.tiles_m - 1 - m_idx : m_idx;
-  w.si.template resolve<Is_paged>(p, w.bidb, w.bidh);
+  if (posted != nullptr)
+    w.si.template resolve_from<Is_paged>(p, w.bidb, w.bidh, *posted);
+  else
+    w.si.template resolve<Is_paged>(p, w.bidb, w.bidh);
+  post(w.si);
   w.m0 = m_block * Tr::kBlockM;
   if (w.m0 >= w.si.len_q) return false;  // tiles_m is the longest sequence's; this one is shorter
   if (w.si.len_q < p.len_q_min || w.si.len_q > p.len_q_max) return false;  // the decode kernel's
@@ -142,16 +154,20 @@ struct PageIds {
     return t < Tr::kBlockN && pos < si.len_k ? __ldg(si.table + si.page.div(pos)) : -1;
   }
 
+  // `gather`: a cp.async gather of the tile follows, which reads other threads' ids from the
+  // stage (a named barrier first).  The TMA copies need none: each issuing thread reads the id
+  // it stored itself, and the mask reads the stage after the FULL barrier (every producer
+  // thread arrives on it after its own stores, a release).
   __device__ __forceinline__ static void publish(const FwdParams& p, const SeqInfo& si,
                                                  const Sm90Smem<Tr>& sm, int s, int n_block,
-                                                 int t, int id) {
+                                                 int t, int id, bool gather) {
     const int pos = n_block * Tr::kBlockN + t;
     // A key whose table entry is absent (-1 included: the flag must not read the id).
     const bool absent = t < Tr::kBlockN && pos < si.len_k && !page_present((unsigned)id, p.k_rows);
     if (t < Tr::kBlockN) sm.ids[s * Tr::kBlockN + t] = id;
     const bool any = __any_sync(0xffffffffu, absent);
     if ((t & 31) == 0) sm.flags[s * 4 + (t >> 5)] = any;
-    pipe::named_sync(5, 128);  // every row's id is in the stage before any copy reads it
+    if (gather) pipe::named_sync(5, 128);  // every row's id is in the stage before any copy reads it
   }
 };
 
@@ -229,7 +245,7 @@ __device__ __forceinline__ void producer_paged_gather(const FwdParams& p, const 
     const int s = it % Tr::kStages, phase = (it / Tr::kStages) & 1;
     const int* ids = sm.ids + s * Tr::kBlockN;
     pipe::bar_wait(sm.k_empty(s), phase ^ 1);  // the consumers are done with round it - kStages
-    PageIds<Tr>::publish(p, si, sm, s, n_block, t, id);
+    PageIds<Tr>::publish(p, si, sm, s, n_block, t, id, true);
     if (n_block > n_min) id = PageIds<Tr>::fetch(si, n_block - 1, t);  // lands under this tile
 #if FA_SM90_DIAG_NO_LOADS  // diagnostic (wrong results): only the first ring round is loaded
     if (it < Tr::kStages)
@@ -269,10 +285,13 @@ __device__ __forceinline__ void tma_tile(u32 dst, const pipe::TmaDesc* map, int 
 }
 
 // Paged K/V by TMA (FA_SM90_PAGED_TMA): a whole key tile comes as one box of min(P, kBlockN)
-// rows per page and column block, the page id as the outermost coordinate.  Thread r < (pages
-// per tile) issues page r's boxes, each issuing thread adding its own bytes to the barrier
-// (arrive.expect_tx before its copies, so the transaction count never goes below zero and the
-// phase cannot complete before every box is counted); the other producer threads only arrive.
+// rows per page and column block, the page id as the outermost coordinate.  The thread of each
+// page's first key row (t = r P: it fetched that row's id, PageIds) issues that page's boxes,
+// adding its own bytes to the barrier (arrive.expect_tx before its copies, so the transaction
+// count never goes below zero and the phase cannot complete before every box is counted); the
+// other producer threads only arrive.  So at P = 16 the 16 boxes of a tile leave from 8 threads
+// in 4 warps, each issuer with the id it published itself (own_page_id): no producer-wide
+// barrier between the EMPTY wait and the copies.
 // An absent id is out of the map's bounds and reads zeros, like the gather's zero fill; the
 // sequence-end tile is gathered (zeros past len_k).  Needs P % 8 == 0 (whole swizzle atoms per
 // box) and pages that tile the key tile.
@@ -283,30 +302,41 @@ __device__ __forceinline__ bool paged_tma_ok(const FwdParams& p) {
 }
 
 template <class Tr>
-__device__ __forceinline__ void tma_paged_tile(u32 dst, const pipe::TmaDesc* map, const int* ids,
+__device__ __forceinline__ void tma_paged_tile(u32 dst, const pipe::TmaDesc* map, int id,
                                                int head, int pos0, int page_size, u32 bar, int t) {
   const int rows = imin(page_size, Tr::kBlockN);  // per box
-  if (t < Tr::kBlockN / rows) {
-    const int r = t * rows, pos = pos0 + r;
+  if (t < Tr::kBlockN && t % rows == 0) {
+    const int pos = pos0 + t;
     const int in_page = pos - (pos / page_size) * page_size;
     pipe::bar_arrive_expect_tx(bar, rows * Tr::kDBlocks * wgmma::kSwizzleRowBytes);
 #pragma unroll
     for (int j = 0; j < Tr::kDBlocks; ++j)
-      pipe::tma_load_4d(dst + j * Tr::kBlockN * wgmma::kSwizzleRowBytes + r * wgmma::kSwizzleRowBytes,
-                        map, 64 * j, head, in_page, ids[r], bar);
+      pipe::tma_load_4d(dst + j * Tr::kBlockN * wgmma::kSwizzleRowBytes + t * wgmma::kSwizzleRowBytes,
+                        map, 64 * j, head, in_page, id, bar);
   } else {
     pipe::bar_arrive(bar);
   }
 }
 
+// Paged: key row t's page id in the stage, as this thread itself published it
+// (PageIds: no barrier needed).  Re-read rather than kept in a register from the fetch: that
+// register cost the D = 128 softcap / ALiBi producer 8 bytes of spills.
+template <class Tr>
+__device__ __forceinline__ int own_page_id(const int* ids, int t) {
+  // Producer threads t < 128: in the stage for kBlockN = 128; past it (kBlockN = 64) wrapped
+  // (threads t >= kBlockN issue nothing).
+  if (ids == nullptr) return 0;  // dense
+  return ids[Tr::kBlockN >= 128 ? t : t % Tr::kBlockN];
+}
+
 // One whole key tile of K or V into its stage by TMA: dense, the rows from `row` on; paged,
-// through the tile's page ids.
+// through the page id of key row t (own_page_id; issuers only).
 template <class Tr, bool Is_paged>
-__device__ __forceinline__ void tma_kv_tile(u32 dst, const pipe::TmaDesc* map, const int* ids,
+__device__ __forceinline__ void tma_kv_tile(u32 dst, const pipe::TmaDesc* map, int id,
                                             int head, int row, int n_block, int page_size, u32 bar,
                                             int t) {
   if constexpr (Is_paged)
-    tma_paged_tile<Tr>(dst, map, ids, head, n_block * Tr::kBlockN, page_size, bar, t);
+    tma_paged_tile<Tr>(dst, map, id, head, n_block * Tr::kBlockN, page_size, bar, t);
   else
     tma_tile<Tr>(dst, map, head, row, bar, t);
 }
@@ -332,11 +362,11 @@ __device__ __forceinline__ void producer_tma(const FwdParams& p, const Sm90Tile&
     const int* ids = Is_paged ? sm.ids + s * Tr::kBlockN : nullptr;     // paged: its page ids
     pipe::bar_wait(sm.k_empty(s), phase ^ 1);
     if constexpr (Is_paged) {
-      PageIds<Tr>::publish(p, si, sm, s, n_block, t, id);
+      PageIds<Tr>::publish(p, si, sm, s, n_block, t, id, !whole);
       if (n_block > n_min) id = PageIds<Tr>::fetch(si, n_block - 1, t);  // lands under this tile
     }
     if (whole) {
-      tma_kv_tile<Tr, Is_paged>(sm.k(s), maps.k, ids, hk, row, n_block, p.page_size, sm.k_full(s), t);
+      tma_kv_tile<Tr, Is_paged>(sm.k(s), maps.k, own_page_id<Tr>(ids, t), hk, row, n_block, p.page_size, sm.k_full(s), t);
     } else {
       producer_copy<Tr, Is_paged>(sm.k(s), k_head, p, si, ids, n_block, t);
       cp_async_commit();
@@ -344,7 +374,7 @@ __device__ __forceinline__ void producer_tma(const FwdParams& p, const Sm90Tile&
     }
     pipe::bar_wait(sm.v_empty(s), phase ^ 1);
     if (whole) {
-      tma_kv_tile<Tr, Is_paged>(sm.v(s), maps.v, ids, hk, row, n_block, p.page_size, sm.v_full(s), t);
+      tma_kv_tile<Tr, Is_paged>(sm.v(s), maps.v, own_page_id<Tr>(ids, t), hk, row, n_block, p.page_size, sm.v_full(s), t);
     } else {
       producer_copy<Tr, Is_paged>(sm.v(s), v_head, p, si, ids, n_block, t);
       cp_async_commit();
@@ -644,7 +674,14 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
       const int i = sched.next(num_tiles, tile_counter, sm.sched_bars(), sm.sched_slots, tidx == 0);
       if (i < 0) break;
       Sm90Tile w;
-      if (i >= num_tiles || !tile_at<Tr, Is_paged>(p, i, w)) continue;
+      // Dynamic: the claimer posts the sequence's rows for the consumers.
+      auto post = [&](const SeqInfo& si) {
+        if (tile_counter != nullptr && tidx == 0) {
+          const u32 lens[4] = {(u32)si.q_start, (u32)si.len_q, (u32)si.k_start, (u32)si.len_k};
+          sched.post(lens, sm.sched_bars(), sm.sched_slots);
+        }
+      };
+      if (i >= num_tiles || !tile_at<Tr, Is_paged>(p, i, w, nullptr, post)) continue;
       // Paged: the page ids of the tile's first key tile are read BEFORE the wait for the
       // consumers' last Q, so the load lands while they finish the previous tile instead of on
       // the path of the tile's first K copy (measured: no change at S = 512, paged 16 stayed
@@ -674,10 +711,17 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
     if (Tr::pingpong(Is_paged, Has_transform) && cw == 1) pipe::named_arrive(1, 256);
     int it = 0, tq = 0;
     for (;;) {
-      const int i = sched.next(num_tiles, tile_counter, sm.sched_bars(), sm.sched_slots, false);
-      if (i < 0) break;
       Sm90Tile w;
-      if (i >= num_tiles || !tile_at<Tr, Is_paged>(p, i, w)) continue;
+      if (tile_counter == nullptr) {  // static: every thread walks the rounds itself
+        const int i = sched.next(num_tiles, nullptr, 0, 0, false);
+        if (i < 0) break;
+        if (i >= num_tiles || !tile_at<Tr, Is_paged>(p, i, w)) continue;
+      } else {  // dynamic: the claim, with the rows the producer resolved
+        u32 lens[4];
+        const int i = sched.read_post(lens, sm.sched_bars(), sm.sched_slots);
+        if (i < 0) break;
+        if (!tile_at<Tr, Is_paged>(p, i, w, &lens)) continue;
+      }
       consumer<Tr, Elem, Has_transform, Is_paged>(p, w, sm, it, tq, cw, tidx - 128 * wg);
       ++tq;
     }

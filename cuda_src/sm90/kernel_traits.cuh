@@ -91,15 +91,17 @@ struct Sm90FwdTraitsBase {
   static constexpr int kSmemO = kSeparateO ? kSmemQ : 0;
   static constexpr int kSmemTiles = kSmemQ + 2 * kStages * kSmemKV + kSmemO;
   // q_full, q_empty, k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages],
-  // then the tile scheduler's mailbox barriers (full[2], empty[2]; tile_scheduler.cuh): 8 bytes
-  // each.
-  static constexpr int kNumBars = 2 + 4 * kStages + 4;
+  // then the tile scheduler's mailbox barriers (full[2], empty[2], posted[2];
+  // tile_scheduler.cuh): 8 bytes each.
+  static constexpr int kNumBars = 2 + 4 * kStages + 6;
   static constexpr int kSmemBars = ceil_div(kNumBars * 8, 16) * 16;
   // Paged: per stage, the page id of each key row (the mask's absent-page test) and one
   // "some key is on an absent page" flag per producer warp.
   static constexpr int kSmemIds = kStages * kBlockN * 4;
   static constexpr int kSmemFlags = kStages * 4 * 4;
-  static constexpr int kSmemSchedSlots = 2 * 4;  // the tile scheduler's mailbox
+  // The tile scheduler's mailbox: two claimed tile indices (16 bytes with padding), then per
+  // slot the four words posted with a claim (tile_scheduler.cuh).
+  static constexpr int kSmemSchedSlots = 16 + 2 * 16;
   // + 1024: the dynamic shared memory base is only 16-byte aligned; the kernel rounds it up.
   static constexpr int kSmemBytes =
       1024 + kSmemTiles + kSmemBars + kSmemIds + kSmemFlags + kSmemSchedSlots;

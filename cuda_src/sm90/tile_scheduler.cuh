@@ -20,6 +20,11 @@
 //    thread of the CTA has read it), as the K / V ring.  A claim past the last tile posts -1,
 //    the end.  The claimer claims when the previous tile's loads are issued, with slack before
 //    the consumers need the next Q.
+//    Only the producer waits for the bare index.  Once its threads have resolved the claim
+//    (the sequence's rows: global reads of cu_seqlens / seqused_k), the claimer posts those
+//    four numbers in the same slot on a second FULL barrier (POSTED), which the consumers wait
+//    on instead (read_post).  Resolving the tile themselves put those dependent global reads
+//    between each consumer's epilogue and its next tile's first product.
 //
 // Callers skip a tile that holds no query (tile_at false: a varlen sequence shorter than the
 // longest), as in the static schedule, so every thread reads every posted claim.
@@ -40,19 +45,26 @@ namespace fa {
 struct TileScheduler {
   int step = 0;
 
-  // One thread, before the CTA's first sync: full(0), full(1) take the claimer's post; empty(0),
-  // empty(1) an arrival of each of the CTA's `threads` threads.
+  // The mailbox's mbarriers, kBars of them from `bars`: full(slot) at bars + 8 slot, empty(slot)
+  // at bars + 16 + 8 slot, posted(slot) at bars + 32 + 8 slot.
+  static constexpr int kBars = 6;
+
+  // One thread, before the CTA's first sync: full(0), full(1) and posted(0), posted(1) take the
+  // claimer's post; empty(0), empty(1) an arrival of each of the CTA's `threads` threads.
   __device__ static void init_barriers(u32 bars, int threads) {
     pipe::bar_init(bars, 1);
     pipe::bar_init(bars + 8, 1);
     pipe::bar_init(bars + 16, threads);
     pipe::bar_init(bars + 24, threads);
+    pipe::bar_init(bars + 32, 1);
+    pipe::bar_init(bars + 40, 1);
   }
 
   // The next tile this CTA runs, or -1 when it is done.  The static schedule's last round may
   // return an index >= num_tiles, and any tile may hold no query: callers skip those (tile_at).
   // `counter`: the dynamic schedule's counter or null (static); `bars` / `slots`: shared-memory
-  // addresses of the mailbox's four mbarriers and two ints; `claimer`: thread 0 of the producer.
+  // addresses of the mailbox's mbarriers and two ints; `claimer`: thread 0 of the producer.
+  // Dynamic: the producer's threads only (the consumers read_post); the claimer then posts.
   __device__ __forceinline__ int next(int num_tiles, int* counter, u32 bars, u32 slots,
                                       bool claimer) {
     const int grid = (int)gridDim.x;
@@ -71,12 +83,38 @@ struct TileScheduler {
       if (i >= num_tiles) i = -1;
       st_shared_b32(box, (u32)i);
       pipe::bar_arrive(full);  // release: the store is seen by the waiters' acquire
-      if (i < 0) retire(counter);
+      if (i < 0) {
+        pipe::bar_arrive(bars + 32 + 8 * slot);  // POSTED: the end has nothing to resolve
+        retire(counter);
+      }
     } else {
       pipe::bar_wait(full, phase);
       i = (int)ld_shared_b32(box);
     }
     pipe::bar_arrive(empty);
+    return i;
+  }
+
+  // Dynamic, the claimer once the producer resolved claim i (next() posted the end, -1): four
+  // words for the
+  // consumers (flash_fwd.cu: the sequence's q_start, len_q, k_start, len_k), in the claim's slot.
+  // `slots`: as for next(); the words live at slots + 16 + 16 slot.
+  __device__ __forceinline__ void post(const u32 (&words)[4], u32 bars, u32 slots) const {
+    const int slot = (step - 1) & 1;
+    st_shared_v4(slots + 16 + 16 * slot, words);
+    pipe::bar_arrive(bars + 32 + 8 * slot);  // POSTED; release, as FULL
+  }
+
+  // Dynamic, a consumer thread: the next claim (-1: the end; claims in order) and, for a tile,
+  // the words the claimer posted with it.  POSTED alone is waited on: the claimer arrives on
+  // it after storing the claim (the end: right after, with nothing to resolve).
+  __device__ __forceinline__ int read_post(u32 (&words)[4], u32 bars, u32 slots) {
+    const int slot = step & 1, phase = (step >> 1) & 1;
+    ++step;
+    pipe::bar_wait(bars + 32 + 8 * slot, phase);  // POSTED
+    const int i = (int)ld_shared_b32(slots + 4 * slot);
+    ld_shared_v4(words, slots + 16 + 16 * slot);
+    pipe::bar_arrive(bars + 16 + 8 * slot);  // EMPTY: this thread is done with the slot
     return i;
   }
 
