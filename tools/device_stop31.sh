@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stop 31's device calls (repo root), logs under $OUT.  Every mode precompiles first.
-#   MODE=quick (default): the sm90 schedule / paged GPU tests ($TESTS), quickbench rows with
-#     varlen and paged columns (dense vs the dynamic schedule, paged 16 / 256 TMA), then
+#   MODE=quick (default): the sm90 schedule / paged GPU tests ($TESTS, $TEST_K a pytest -k),
+#     quickbench rows with varlen and paged columns (dense vs the dynamic schedule, paged 16 /
+#     256 TMA) per $VARIANTS of the sm90 tuning switches ("default" = none), then
 #     bench.py's S = 512 rows (issue 15's paged row: one call and kernel only).
 #   MODE=full: every `gpu` test.
 #   MODE=bench: bench.py's S = 512 rows, then issue 15's decode rows (bench_decode.py) and its
@@ -34,14 +35,19 @@ if [ "$mode" = full ] || [ "$mode" = quick ] || [ "$mode" = verify ]; then
   stamp "pytest ($mode)"
   if [ "$mode" != quick ]; then TESTS=""; else
     TESTS=${TESTS:-tests/gpu/test_sm90_persistent.py tests/gpu/test_sm90_edges.py}; fi
-  timeout ${PYTEST_TIMEOUT:-420} python3 -m pytest -m gpu -q -p no:cacheprovider -rfE $TESTS \
+  timeout ${PYTEST_TIMEOUT:-420} python3 -m pytest -m gpu -q -p no:cacheprovider -rfE $TESTS ${TEST_K:+-k "$TEST_K"} \
     > "$OUT/pytest.txt" 2>&1
   tail -n 40 "$OUT/pytest.txt" | grep -E "passed|failed|FAILED|ERROR|Error|Timeout" | tail -n 20
 fi
 if [ "$mode" = quick ]; then
   stamp "quickbench (TFLOP/s, back to back)"
-  timeout 200 python3 tools/quickbench_sm90.py --archs sm90 --no-torch --varlen --paged 16,256 \
-    --rows "${ROWS:-128,512,0;128,512,1;128,2048,0;128,4096,1}" 2>&1 | tee "$OUT/quickbench.txt" | tail -n 8
+  for v in ${VARIANTS:-default}; do  # the sm90 tuning switches ("default": none)
+    [ "$v" = default ] && v=""
+    echo "variant '$v'"
+    CUPY_FLASHATTN_SM90_DEFINES="$v" timeout 200 python3 tools/quickbench_sm90.py --archs sm90 \
+      --no-torch --varlen --paged 16,256 --rows "${ROWS:-128,512,0;128,512,1;128,2048,0;128,4096,1}" \
+      2>&1 | tee -a "$OUT/quickbench.txt" | tail -n 8
+  done
 fi
 if [ "$mode" = quick ]; then bench; fi
 stamp "done"

@@ -1,7 +1,10 @@
 """One prefill case for a profiler run: a few back-to-back public calls of bf16 dense attention
 (16k tokens, 16 heads of D), so that ``ncu --launch-skip`` can pick a warm launch.
 
-    python3 tools/ncu_case.py --d 128 --s 2048 [--causal] [--calls 5]
+    python3 tools/ncu_case.py --d 128 --s 2048 [--causal] [--calls 5] [--paged P]
+
+--paged P: the same keys in a paged pool of page size P (pages in a random order), through
+flash_attn_varlen_func with block_table (tools/quickbench_sm90.py's paged case).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv=None):
@@ -20,6 +24,7 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--paged", type=int, default=0, help="page size (0: dense)")
     args = ap.parse_args(argv)
     import cupy
     import ml_dtypes
@@ -30,10 +35,20 @@ def main(argv=None):
     shape = (b, args.s, args.heads, args.d)
     q, k, v = (cupy.random.standard_normal(shape, dtype=cupy.float32).astype(ml_dtypes.bfloat16)
                for _ in range(3))
+    if args.paged:
+        import numpy as np
+
+        from quickbench_sm90 import paged_call
+
+        call, _ = paged_call(q, k, v, args.paged, args.causal, np.random.default_rng(0))
+        cupy.cuda.runtime.deviceSynchronize()
+    else:
+        def call():
+            return fa.flash_attn_func(q, k, v, causal=args.causal)
     for _ in range(args.calls):
-        fa.flash_attn_func(q, k, v, causal=args.causal)
+        call()
     cupy.cuda.runtime.deviceSynchronize()
-    print(f"ran {args.calls} calls of {shape} causal={args.causal}")
+    print(f"ran {args.calls} calls of {shape} causal={args.causal} paged={args.paged}")
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ def torch_rates(q, k, v, causal, flops) -> list:
     return out
 
 
-def paged_call(q, k, v, page, causal, rng):
+def paged_call(q, k, v, page, causal, rng, order="random"):
     """A paged-prefill call on the same keys (pool pages in a random order) and its max
     difference from the dense call (expect 0: the same keys in the same order)."""
     import cupy
@@ -64,7 +64,8 @@ def paged_call(q, k, v, page, causal, rng):
 
     b, s, h, d = q.shape
     nblk = s // page
-    perm = cupy.asarray(rng.permutation(b * nblk).astype(np.int32))
+    ids = np.arange(b * nblk) if order == "identity" else rng.permutation(b * nblk)
+    perm = cupy.asarray(ids.astype(np.int32))
     kp = cupy.empty((b * nblk, page, h, d), k.dtype)
     vp = cupy.empty_like(kp)
     kp[perm] = k.reshape(b * nblk, page, h, d)
@@ -93,6 +94,8 @@ def main(argv=None):
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--paged", default="", help="page sizes, e.g. 16,256")
     ap.add_argument("--varlen", action="store_true", help="a varlen column (equal lengths)")
+    ap.add_argument("--page-order", default="random", choices=("random", "identity"),
+                    help="pool pages in a random order, or in the dense layout's order")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     for item in args.rows.split(";"):
@@ -119,7 +122,7 @@ def main(argv=None):
                 return fa.flash_attn_varlen_func(qf, kf, vf, cu, cu, s, s, causal=causal)
             row.append(f"varlen {flops / per_call(varlen_call) / 1e12:.0f}")
         for page in [int(x) for x in args.paged.split(",") if x]:
-            call, check = paged_call(q, k, v, page, causal, rng)
+            call, check = paged_call(q, k, v, page, causal, rng, args.page_order)
             row.append(f"p{page} {flops / per_call(call) / 1e12:.0f}")
             row.append(f"(diff {check:.3g})")
         force_prefill_arch(None)

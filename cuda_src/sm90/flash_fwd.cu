@@ -361,6 +361,18 @@ __device__ __forceinline__ void producer_tma(const FwdParams& p, const Sm90Tile&
     const int row = Is_paged ? 0 : si.k_start + n_block * Tr::kBlockN;  // dense: the tile's row
     const int* ids = Is_paged ? sm.ids + s * Tr::kBlockN : nullptr;     // paged: its page ids
     pipe::bar_wait(sm.k_empty(s), phase ^ 1);
+#if FA_SM90_DIAG_NO_LOADS  // diagnostic (wrong results): only the first ring round is loaded
+    if (it >= Tr::kStages && whole) {
+      if (Is_paged && FA_SM90_DIAG_NO_LOADS < 2) {  // 2: no page-id reads / stores either
+        PageIds<Tr>::publish(p, si, sm, s, n_block, t, id, false);
+        if (n_block > n_min) id = PageIds<Tr>::fetch(si, n_block - 1, t);
+      }
+      pipe::bar_arrive(sm.k_full(s));
+      pipe::bar_wait(sm.v_empty(s), phase ^ 1);
+      pipe::bar_arrive(sm.v_full(s));
+      continue;
+    }
+#endif
     if constexpr (Is_paged) {
       PageIds<Tr>::publish(p, si, sm, s, n_block, t, id, !whole);
       if (n_block > n_min) id = PageIds<Tr>::fetch(si, n_block - 1, t);  // lands under this tile

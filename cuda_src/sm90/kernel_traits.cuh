@@ -18,8 +18,9 @@
 #ifndef FA_SM90_PINGPONG
 #define FA_SM90_PINGPONG 1
 #endif
-// Diagnostics only (their results are wrong): skip the K/V copies after the first ring round,
-// or the softmax -- to measure how far the loads or the softmax hold the kernel back.
+// Diagnostics only (their results are wrong): skip the K/V copies after the first ring round
+// (2: paged, also the page-id reads and stores), or the softmax -- to measure how far the loads,
+// the paged bookkeeping or the softmax hold the kernel back.
 #ifndef FA_SM90_DIAG_NO_LOADS
 #define FA_SM90_DIAG_NO_LOADS 0
 #endif

@@ -109,3 +109,19 @@ def test_tma_maps_follow_the_arrays_between_cached_calls():
     k[...] = kv["B"][0]
     v[...] = kv["B"][1]  # A's buffers now hold B's values, at A's addresses
     np.testing.assert_array_equal(fa.flash_attn_func(q, k, v, causal=True).get(), expected["B"])
+
+
+@pytest.mark.parametrize("page", [16, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_pages_of_an_interleaved_kv_pool(page, causal):
+    """K and V as the two halves of one (num_pages, 2, P, Hk, D) pool (vLLM's layout): the page
+    stride is 2 P rows, not P rows; the 4-D TMA maps (page id outermost) read it as they read a
+    contiguous pool."""
+    rng = np.random.default_rng(page + 77 * causal)
+    problem = make_problem(rng, dtype="bf16", d=128, h=8, hk=2, lens_q=[130, 1, 257],
+                           lens_k=[300, 129, 1000], page=page, causal=causal)
+    pool = cupy.empty((problem.k.shape[0], 2) + problem.k.shape[1:], problem.k.dtype)
+    pool[:, 0], pool[:, 1] = problem.k, problem.v
+    problem.k, problem.v = pool[:, 0], pool[:, 1]
+    assert problem.k.strides[0] == 2 * page * problem.k.strides[1]
+    check_sm90(problem)
