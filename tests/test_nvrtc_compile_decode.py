@@ -1,8 +1,9 @@
 """CI (no GPU needed): every shipped decode-path instantiation -- the split-KV decode kernels
-(flash_decode.cu, one per dtype x head-dim bucket 64/128/256), the combine kernel and the
-rotary/append kernel (kv_cache.cu) -- compiles with NVRTC for sm_80 and sm_90, with 0 bytes of
-spills and within the register budget of its launch bounds.  8 entry points, one NVRTC program
-per (arch, source file): ~5 s per arch on one core."""
+(flash_decode.cu, one per dtype x head-dim bucket, and per dtype x bucket 64/128/256 x float8
+K/V format), the combine kernel and the rotary/append kernel (kv_cache.cu) -- compiles with
+NVRTC for sm_80 and sm_90 (sm_80: the float8 conversions in integer code; sm_90: cvt), with 0
+bytes of spills and within the register budget of its launch bounds.  One NVRTC program per
+(arch, source file)."""
 
 from __future__ import annotations
 
@@ -61,8 +62,18 @@ def test_shared_memory_fits():
     # sm_90: 227 KB per block; sm_80 (A100): 163 KB per block -- the D = 256 kernel needs sm_90
     # (or sm_80 with fewer stages; the launcher checks the device limit).
     for key in KEYS:
-        assert dc.smem_bytes(key.head_dim) <= SMEM_LIMIT, key
+        assert dc.smem_bytes(key.head_dim, key.kv) <= SMEM_LIMIT, key
     assert dc.smem_bytes(64) <= 163 * 1024 and dc.smem_bytes(128) <= 163 * 1024
+    # Float8 K/V: the ring holds half the bytes, plus one 16-bit staging tile pair per warp.
+    for d in dc.FP8_KV_BUCKETS:
+        assert dc.smem_bytes(d, "e4m3") <= dc.smem_bytes(d) + 4 * 16 * (2 * d + 16) * 2
+
+
+def test_fp8_keys_cover_both_formats_and_dtypes():
+    fp8 = {(k.dtype, k.head_dim, k.kv) for k in KEYS if k.kv}
+    assert fp8 == {(dt, d, kv) for dt in ("f16", "bf16") for d in (64, 128, 256)
+                   for kv in ("e4m3", "e5m2")}
+    assert dc.DecodeKey("bf16", 128, kv="e4m3").name == "fa_decode_bf16_d128_kve4m3"
 
 
 def test_decode_names_flat_and_unique():
@@ -74,7 +85,8 @@ def test_decode_names_flat_and_unique():
 def test_decode_source_inlines_headers():
     src = dc.decode_source(KEYS)
     assert '#include "' not in src
-    for name in ("common.cuh", "attn/params.cuh", "attn/block_info.cuh", "sm80/mma.cuh"):
+    for name in ("common.cuh", "attn/params.cuh", "attn/block_info.cuh", "sm80/mma.cuh",
+                 "attn/fp8.cuh"):
         assert f'/{name}"' in src
 
 

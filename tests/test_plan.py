@@ -285,3 +285,26 @@ def test_the_validated_head_dim_limits_are_the_kernels_buckets():
     assert validate.MAX_GPU_HEAD_DIM == dc.DECODE_BUCKETS[-1]
     assert validate.MAX_GPU_HEAD_DIM_F32 == cc.PRECISE_HEAD_DIM_BUCKETS["f32"][-1]
     assert validate.MAX_GPU_HEAD_DIM_F64 == cc.PRECISE_HEAD_DIM_BUCKETS["f64"][-1]
+
+
+def test_float8_kv_plans_the_float8_decode_kernel():
+    """A float8 cache (k / v in ml_dtypes float8) plans the decode kernel that reads float8 rows
+    (DecodeKey.kv), with its own shared-memory size; 16-bit K/V keep the plain kernel; head dims
+    that are not whole 16-byte float8 chunks are refused by name."""
+    import copy
+
+    from cupy_flashattn import fp8
+
+    p = _problem(B=4, max_q=1, max_k=4096, H=32, Hk=8, D=128, paged=True, dtype=np.float16)
+    assert dc.plan(p, sm_count=H100_SMS)[0].kv == ""
+    for dt, fmt in ((fp8.FLOAT8_E4M3FN, "e4m3"), (fp8.FLOAT8_E5M2, "e5m2")):
+        p8 = copy.copy(p)
+        p8.k = p8.v = np.zeros(p.k.shape, dt)
+        key = dc.plan(p8, sm_count=H100_SMS)[0]
+        assert key == dc.DecodeKey("f16", 128, kv=fmt) and key.name == f"fa_decode_f16_d128_kv{fmt}"
+        assert dc.smem_bytes(128, fmt) < dc.smem_bytes(128)  # float8 rows: a smaller ring
+    p8 = copy.copy(p)
+    p8.q = p8.out = np.zeros((64, 32, 72), np.float16)
+    p8.k = p8.v = np.zeros((16, 16, 8, 72), fp8.FLOAT8_E4M3FN)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        dc.plan(p8, sm_count=H100_SMS)

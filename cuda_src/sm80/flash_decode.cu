@@ -29,7 +29,15 @@
 // Masks, softcap, ALiBi and paged addressing are run-time switches (uniform branches): the
 // kernel waits on memory, and one instantiation per (dtype, head-dim bucket) keeps CI's compile
 // time small.
+//
+// FP8 K/V (Kv = KvE4M3 / KvE5M2, attn/fp8.cuh; head dims 64 / 128 / 256, a multiple of 16):
+// the ring holds the float8 rows as read (half the bytes of a 16-bit tile), and each warp
+// converts a landed tile into a 16-bit staging tile of the same layout as KvSame's ring slot,
+// which the unchanged ldmatrix / mma code then reads.  The dequantization scales of the kv head
+// (k_scale, v_scale: one float per kv head, vLLM's x = float(x8) * scale) multiply S before the
+// logit transform and O at the end.
 #include "../attn/block_info.cuh"
+#include "../attn/fp8.cuh"
 #include "../attn/mask.cuh"
 #include "../attn/softmax.cuh"
 #include "mma.cuh"
@@ -48,6 +56,8 @@ struct DecodeParams {
   int num_splits;
   int m_blocks;           // ceil(max_seqlen_q * g / kDecodeRows)
   int paged;              // run-time: K/V through the block table
+  const float* k_scale;   // (Hk,) float8 K/V dequantization scales, or null (16-bit K/V)
+  const float* v_scale;
 };
 
 // Decode traits per head-dim bucket: kStages ring slots per warp.  Shared memory per CTA is
@@ -68,7 +78,9 @@ template <> struct DecodeTraits<256> : DecodeTraitsBase { static constexpr int k
 template <> struct DecodeTraits<384> { static constexpr int kStages = 2, kMinBlocks = 1, kVSplits = 2; };
 template <> struct DecodeTraits<512> { static constexpr int kStages = 2, kMinBlocks = 1, kVSplits = 2; };
 
-template <int kD>
+// kKvBytes: bytes per K/V element (2; 1 for float8: each warp's ring then holds float8 rows,
+// padded to kD + 16 bytes, and after it one 16-bit K and V staging tile of the 2-byte layout).
+template <int kD, int kKvBytes = 2>
 struct DecodeSmem {
   static constexpr int kDV = kD / DecodeTraits<kD>::kVSplits;  // V / O columns of a CTA
   static constexpr int kRowBytes = (kD + 8) * 2;    // Q and K rows
@@ -76,8 +88,12 @@ struct DecodeSmem {
   static constexpr int kTileBytes = kDecodeTileN * kRowBytes;
   static constexpr int kTileBytesV = kDecodeTileN * kRowBytesV;
   static constexpr int kQBytes = kDecodeRows * kRowBytes;
-  static constexpr int kStageBytes = kTileBytes + kTileBytesV;  // K then V
-  static constexpr int kWarpBytes = DecodeTraits<kD>::kStages * kStageBytes;
+  static constexpr int kRowBytes8 = kD + 16;  // float8 K / V rows in the ring
+  static constexpr int kRingTileBytes = kKvBytes == 2 ? kTileBytes : kDecodeTileN * kRowBytes8;
+  static constexpr int kRingTileBytesV = kKvBytes == 2 ? kTileBytesV : kDecodeTileN * kRowBytes8;
+  static constexpr int kStageBytes = kRingTileBytes + kRingTileBytesV;  // K then V
+  static constexpr int kStagingBytes = kKvBytes == 2 ? 0 : kTileBytes + kTileBytesV;
+  static constexpr int kWarpBytes = DecodeTraits<kD>::kStages * kStageBytes + kStagingBytes;
   static constexpr int kMergeRow = kDV + 8;  // floats per row of the cross-warp merge buffer
   static constexpr int kMergeBytes = kDecodeWarps * kDecodeRows * kMergeRow * 4;
   static constexpr int kRingBytes = kDecodeWarps * kWarpBytes;
@@ -86,12 +102,15 @@ struct DecodeSmem {
 
 __device__ __forceinline__ u32 lane_id() { return threadIdx.x & 31; }
 
-template <int kD, typename Elem>
+template <int kD, typename Elem, class Kv = KvSame>
 __device__ void flash_decode(const DecodeParams& dp) {
-  using Sm = DecodeSmem<kD>;
+  using Sm = DecodeSmem<kD, Kv::kBytes>;
+  constexpr bool kFp8 = Kv::kBytes == 1;
   constexpr int kStages = DecodeTraits<kD>::kStages;
   constexpr int kChunks = kD / 8;  // 16-byte chunks per row (bucket width)
+  constexpr int kChunks8 = kD / 16;  // 16-byte chunks per float8 row
   constexpr int kVSplits = DecodeTraits<kD>::kVSplits, kDV = Sm::kDV, kChunksV = kDV / 8;
+  static_assert(!kFp8 || (kVSplits == 1 && kD % 32 == 0), "float8 K/V: head dims 64 / 128 / 256");
   const FwdParams& p = dp.f;
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float s_m[kDecodeWarps][kDecodeRows], s_l[kDecodeWarps][kDecodeRows];
@@ -133,6 +152,9 @@ __device__ void flash_decode(const DecodeParams& dp) {
   const int n_mine = t_end - t_begin > warp ? ceil_div(t_end - t_begin - warp, kDecodeWarps) : 0;
 
   const i64 kv_head_off = (i64)hk * p.k_head_stride;
+  // Float8 K/V: this kv head's dequantization scales (null: 1).
+  const float k_scale = kFp8 && dp.k_scale != nullptr ? dp.k_scale[hk] : 1.f;
+  const float v_scale = kFp8 && dp.v_scale != nullptr ? dp.v_scale[hk] : 1.f;
   const u32 q_smem = smem_u32(smem);
   const u32 ring = q_smem + Sm::kQBytes + warp * Sm::kWarpBytes;
 
@@ -159,8 +181,20 @@ __device__ void flash_decode(const DecodeParams& dp) {
   };
   // Issue the cp.async copies of the warp's j-th tile (key offsets `off`) into ring slot `slot`.
   auto issue = [&](int slot, i64 off) {
-    const u32 kdst = ring + slot * Sm::kStageBytes, vdst = kdst + Sm::kTileBytes;
-    if constexpr (kVSplits == 1) {  // K and V rows alike: one address per chunk for both
+    const u32 kdst = ring + slot * Sm::kStageBytes, vdst = kdst + Sm::kRingTileBytes;
+    if constexpr (kFp8) {  // float8 rows: 16 elements per chunk, offsets in bytes
+      const unsigned char* kb = reinterpret_cast<const unsigned char*>(p.k);
+      const unsigned char* vb = reinterpret_cast<const unsigned char*>(p.v);
+#pragma unroll
+      for (int i = 0; i < kChunks8 / 2; ++i) {
+        const int idx = lane + 32 * i, r = idx / kChunks8, c = idx % kChunks8;
+        const i64 o = __shfl_sync(0xffffffffu, off, r);
+        const bool ok = o >= 0 && c * 16 < hd;  // hd % 16 == 0 (the host's rule): whole chunks
+        const i64 e = ok ? o + kv_head_off + c * 16 : 0;
+        cp_async_16(kdst + r * Sm::kRowBytes8 + c * 16, kb + e, ok);
+        cp_async_16(vdst + r * Sm::kRowBytes8 + c * 16, vb + e, ok);
+      }
+    } else if constexpr (kVSplits == 1) {  // K and V rows alike: one address per chunk for both
 #pragma unroll
       for (int i = 0; i < kChunks / 2; ++i) {
         const int idx = lane + 32 * i, r = idx / kChunks, c = idx % kChunks;
@@ -236,7 +270,34 @@ __device__ void flash_decode(const DecodeParams& dp) {
     next_off = row_offset(tile_of(j + kStages));
     cp_async_wait<kStages - 1>();  // tile j has landed (this lane's copies) ...
     __syncwarp();                  // ... and every lane's copies are visible to the warp
-    const u32 ks = ring + (j % kStages) * Sm::kStageBytes, vs = ks + Sm::kTileBytes;
+    u32 ks = ring + (j % kStages) * Sm::kStageBytes, vs = ks + Sm::kRingTileBytes;
+    if constexpr (kFp8) {
+      // Float8 rows -> the warp's 16-bit staging tiles (the 2-byte ring layout), 16 elements
+      // per chunk; zero-filled rows and columns stay 0.
+      const u32 stage_k = ring + kStages * Sm::kStageBytes, stage_v = stage_k + Sm::kTileBytes;
+#pragma unroll
+      for (int i = 0; i < kChunks8 / 2; ++i) {
+        const int idx = lane + 32 * i, r = idx / kChunks8, c = idx % kChunks8;
+#pragma unroll
+        for (int kv = 0; kv < 2; ++kv) {
+          u32 w[4], lo[4], hi[4];
+          ld_shared_v4(w, (kv ? vs : ks) + r * Sm::kRowBytes8 + c * 16);
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {
+            lo[2 * q] = fp8x2_to<Elem, Kv>(w[q]);
+            lo[2 * q + 1] = fp8x2_to<Elem, Kv>(w[q] >> 16);
+            hi[2 * q] = fp8x2_to<Elem, Kv>(w[2 + q]);
+            hi[2 * q + 1] = fp8x2_to<Elem, Kv>(w[2 + q] >> 16);
+          }
+          const u32 dst = (kv ? stage_v : stage_k) + r * Sm::kRowBytes + c * 32;
+          st_shared_v4(dst, lo);
+          st_shared_v4(dst + 16, hi);
+        }
+      }
+      __syncwarp();  // the staging tiles are complete
+      ks = stage_k;
+      vs = stage_v;
+    }
     const int t = tile_of(j);
 
     // S = Q K^T (16 rows x 16 keys: n-tile 0 keys 0-7, 1 keys 8-15); k-steps past the head dim
@@ -253,6 +314,12 @@ __device__ void flash_decode(const DecodeParams& dp) {
         Elem::mma(s[0][0], qa, kb[0], kb[2]);  // keys 0-7
         Elem::mma(s[0][1], qa, kb[1], kb[3]);  // keys 8-15
       }
+    }
+    if constexpr (kFp8) {  // Q (K8 k_scale)^T
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[0][n][e] *= k_scale;
     }
 
     // The logit variant and the mask, each row at its own query index, then online softmax.
@@ -341,7 +408,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
     const bool empty = ll == 0.f;
     const SinkFold fold = fold_sink(mm, ll, c, split_mode ? neg_inf() : sink_log2(p.sinks, head),
                                     split_mode ? neg_inf() : pos_inf());
-    const float inv = empty ? 0.f : fold.o_scale;
+    const float inv = empty ? 0.f : fold.o_scale * v_scale;  // v_scale: float8 V (else 1)
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w) {

@@ -10,6 +10,7 @@ namespace fa {
 // pack(lo, hi): lo goes to the low 16 bits (the lower column index of a fragment pair).
 // Note PTX's operand order: cvt.rn.{bf16x2,f16x2}.f32 d, a, b puts a in d.hi and b in d.lo.
 struct Bf16 {
+  static constexpr bool kIsF16 = false;
   __device__ __forceinline__ static u32 pack(float lo, float hi) {
     u32 r;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
@@ -26,6 +27,7 @@ struct Bf16 {
 };
 
 struct F16 {
+  static constexpr bool kIsF16 = true;
   __device__ __forceinline__ static u32 pack(float lo, float hi) {
     u32 r;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));

@@ -96,8 +96,11 @@ class Operands:
         self.head_dim = d = p.head_dim
         self.head_dim8 = d8 = -(-d // 8) * 8
         q, k, v, out = p.q, p.k, p.v, p.out
+        kv_fp8 = k.dtype.itemsize == 1  # float8 K/V, read as stored (decode.kv_format)
         if d8 != d or q.dtype != compute_dtype:
-            q, k, v = (pad_last(a, d8, compute_dtype) for a in (q, k, v))
+            q = pad_last(q, d8, compute_dtype)
+            if not kv_fp8:
+                k, v = (pad_last(a, d8, compute_dtype) for a in (k, v))
         if not aligned(q):
             q = cupy.ascontiguousarray(q)
         if not (aligned(k) and aligned(v) and k.strides == v.strides):

@@ -16,9 +16,12 @@ splits whose wave efficiency is within 85% of the best, with at least 256 keys p
 partials (float32 O + LSE) are merged by the combine kernel, which also serves
 :func:`merge_states` (``merge_attention_states`` on CuPy).
 
-Instantiations: one decode kernel per (dtype, head-dim bucket 64/128/256) -- masks, softcap,
-ALiBi and paged addressing are run-time switches (the kernel waits on memory, not on ALU) -- plus
-one combine kernel and one rotary/append kernel (``kv_cache.cu``) with run-time dtypes: 8 in all.
+Instantiations: one decode kernel per (dtype, head-dim bucket 64/128/256/384/512) -- masks,
+softcap, ALiBi and paged addressing are run-time switches (the kernel waits on memory, not on
+ALU) -- plus one combine kernel and one rotary/append kernel (``kv_cache.cu``) with run-time
+dtypes; and per (dtype, bucket 64/128/256, float8 format) one reading float8 K/V
+(:data:`FP8_KV_FORMATS`; compiled and spill-checked in CI, not yet reachable from the API: the
+front end still refuses float8 CuPy arrays until a device run has verified these kernels).
 """
 
 from __future__ import annotations
@@ -69,7 +72,14 @@ DECODE_EXTRA = (
     ("int", "num_splits"),
     ("int", "m_blocks"),
     ("int", "paged"),
+    ("const float*", "k_scale"),
+    ("const float*", "v_scale"),
 )
+
+#: Float8 K/V formats of the decode kernel (DecodeKey.kv) -> fa:: format tag (attn/fp8.cuh),
+#: and the buckets they are built for (whole 16-element float8 chunks, no V-split).
+FP8_KV_FORMATS = {"e4m3": "fa::KvE4M3", "e5m2": "fa::KvE5M2"}
+FP8_KV_BUCKETS = (64, 128, 256)
 
 COMBINE_FIELDS = (
     ("const void*", "o_in"), ("const float*", "lse_in"), ("const float*", "sinks"),
@@ -106,13 +116,15 @@ ROPE_NAME = "fa_rope_append"
 
 @dataclass(frozen=True, order=True)
 class DecodeKey:
-    dtype: str  # "f16" | "bf16"
+    dtype: str  # "f16" | "bf16": q and out (and K/V unless kv says otherwise)
     head_dim: int  # one of DECODE_BUCKETS
     arch: str = "sm80"  # kernel family (compile.ARCHS): cuda_src/<arch>/flash_decode.cu
+    kv: str = ""  # "": K/V in dtype; "e4m3" / "e5m2": float8 K/V (FP8_KV_FORMATS)
 
     @property
     def name(self) -> str:
-        return f"{family_prefix('decode', self.arch)}_{self.dtype}_d{self.head_dim}"
+        kv = f"_kv{self.kv}" if self.kv else ""
+        return f"{family_prefix('decode', self.arch)}_{self.dtype}_d{self.head_dim}{kv}"
 
     def __str__(self) -> str:
         return self.name
@@ -135,17 +147,35 @@ class DecodeKey:
         return min(255, 65536 // (DECODE_THREADS * self.min_blocks) // 8 * 8)
 
 
-def smem_bytes(bucket: int) -> int:
-    """Dynamic shared memory of the decode kernel (``fa::DecodeSmem<bucket>::kBytes``)."""
-    return decode_facts()[bucket]["kBytes"]
+def smem_bytes(bucket: int, kv: str = "") -> int:
+    """Dynamic shared memory of the decode kernel (``fa::DecodeSmem<bucket, 2 or 1>::kBytes``;
+    ``kv``: a float8 format, DecodeKey.kv)."""
+    return decode_facts()[bucket]["kBytesFp8" if kv else "kBytes"]
 
 
 def decode_bucket(head_dim: int) -> int:
     return bucket_for(head_dim, DECODE_BUCKETS)
 
 
+def kv_format(kv_dtype, head_dim: int) -> str:
+    """DecodeKey.kv of K/V of ``kv_dtype``: "" (16-bit, the query's type), or the float8 format,
+    which the kernels read for head dims that are a multiple of 16 up to 256 (whole 16-byte
+    float8 chunks; buckets FP8_KV_BUCKETS).  Raises ValueError for other head dims (the front
+    end's checks come first)."""
+    from .. import fp8
+
+    if not fp8.is_fp8(kv_dtype):
+        return ""
+    if head_dim % 16 or head_dim > FP8_KV_BUCKETS[-1]:
+        raise ValueError(f"float8 K/V need head_dim a multiple of 16 up to {FP8_KV_BUCKETS[-1]}; "
+                         f"got {head_dim}")
+    return "e4m3" if np.dtype(kv_dtype) == fp8.FLOAT8_E4M3FN else "e5m2"
+
+
 def decode_shipped_keys() -> list:
-    return [DecodeKey(dt, d) for dt in ("f16", "bf16") for d in DECODE_BUCKETS]
+    return ([DecodeKey(dt, d) for dt in ("f16", "bf16") for d in DECODE_BUCKETS]
+            + [DecodeKey(dt, d, kv=kv) for dt in ("f16", "bf16") for d in FP8_KV_BUCKETS
+               for kv in FP8_KV_FORMATS])
 
 
 # -- source ---------------------------------------------------------------------------------
@@ -161,16 +191,17 @@ _EXTRA_NAMES = tuple(n for _, n in DECODE_EXTRA)
 
 def _decode_wrapper(key: DecodeKey) -> str:
     elem = "fa::Bf16" if key.dtype == "bf16" else "fa::F16"
+    kv = FP8_KV_FORMATS[key.kv] if key.kv else "fa::KvSame"
     return f"""
 static_assert(fa::kDecodeRows == {DECODE_ROWS} && fa::kDecodeWarps * 32 == {DECODE_THREADS} &&
-              fa::DecodeSmem<{key.head_dim}>::kBytes == {smem_bytes(key.head_dim)},
+              fa::DecodeSmem<{key.head_dim}, {kv}::kBytes>::kBytes == {smem_bytes(key.head_dim, key.kv)},
               "{key.name}: the host's launch geometry differs from flash_decode.cu");
 extern "C" __global__ void __launch_bounds__({DECODE_THREADS}, {key.min_blocks}) {key.name}(
     const fa_decode_args a) {{
   fa::DecodeParams dp;
 {DECODE_ARGS.assign("dp.f", names=_PARAM_NAMES)}
 {DECODE_ARGS.assign("dp", names=_EXTRA_NAMES)}
-  fa::flash_decode<{key.head_dim}, {elem}>(dp);
+  fa::flash_decode<{key.head_dim}, {elem}, {kv}>(dp);
 }}
 """
 
@@ -208,7 +239,7 @@ def rope_source() -> str:
 
 def _decode_kernel(key: DecodeKey):
     return load_function(("decode", key), lambda: decode_source([key], combine=False), key.name,
-                         smem_bytes(key.head_dim))
+                         smem_bytes(key.head_dim, key.kv))
 
 
 def _combine_kernel():
@@ -303,7 +334,7 @@ def plan(problem: AttentionProblem, len_q_max=None, sm_count=None):
     ``sm_count``: SMs of the GPU the split heuristic fills (default: the current device's)."""
     p = problem
     dt = kernel_dtype_tag(p.q.dtype)
-    key = DecodeKey(dt, decode_bucket(p.head_dim))
+    key = DecodeKey(dt, decode_bucket(p.head_dim), kv=kv_format(p.k.dtype, p.head_dim))
     g = p.num_heads // p.num_heads_k
     longest = int(p.max_seqlen_q) if len_q_max is None else min(int(p.max_seqlen_q), int(len_q_max))
     m_blocks = max(1, -(-longest * g // DECODE_ROWS))
@@ -341,7 +372,7 @@ class DecodePlan:
         self.key, self.m_blocks, self.splits = plan(p, len_q_max)
         self.compute_dtype = compute_dtype(self.key.dtype)
         self.kernel = _decode_kernel(self.key)
-        self.smem = smem_bytes(self.key.head_dim)
+        self.smem = smem_bytes(self.key.head_dim, self.key.kv)
         self.len_q_max = INT_MAX if len_q_max is None else int(len_q_max)
         self.grid = decode_grid(p, self.m_blocks, self.splits, self.key.v_splits)
         self.empty = not (p.total_q > 0 and p.batch_size > 0 and p.max_seqlen_q > 0)
@@ -387,7 +418,13 @@ class DecodePlan:
     def _values(self, ops, oacc=None, lacc=None) -> dict:
         return {**ops.fwd_values(len_q_max=self.len_q_max), "oaccum": oacc, "lse_accum": lacc,
                 "num_splits": self.splits, "m_blocks": self.m_blocks,
-                "paged": 1 if ops.problem.paged else 0}
+                "paged": 1 if ops.problem.paged else 0, **self._scales(ops.problem)}
+
+    def _scales(self, p) -> dict:
+        """A float8 K/V's dequantization scales: (Hk,) float32 CuPy arrays (None: 1)."""
+        if not self.key.kv:
+            return {}
+        return {"k_scale": p.k_scale, "v_scale": p.v_scale}
 
     def _combine_values(self, o, lse, oacc=None, lacc=None, sinks=None) -> dict:
         """The combine of this plan's split partials (the call's sinks join it: the partials
@@ -414,6 +451,7 @@ class DecodePlan:
         if self.direct:
             pointers = problem_pointers(p)
             pointers["oaccum"], pointers["lse_accum"] = oacc, lacc
+            pointers.update(self._scales(p))
             self.launch(pointers)
             if self.combine_launch is not None:
                 self.combine_launch({"o_in": oacc, "lse_in": lacc, "o_out": p.out,

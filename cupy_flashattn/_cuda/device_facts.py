@@ -33,8 +33,9 @@ __all__ = ["PREFILL_FACTS", "DECODE_FACTS", "prefill_facts", "decode_facts", "tr
 #: Members of ``fa::FwdTraitsBase`` the host reads.
 PREFILL_FACTS = ("kHeadDim", "kBlockM", "kBlockN", "kNWarps", "kMinBlocksPerSm", "kQInRegs",
                  "kStages", "kSmemBytes", "kVSplits")
-#: Members of ``fa::DecodeTraits<D>`` then ``fa::DecodeSmem<D>`` the host reads.
-DECODE_FACTS = ("kStages", "kMinBlocks", "kBytes", "kVSplits")
+#: Members of ``fa::DecodeTraits<D>`` then ``fa::DecodeSmem<D>`` the host reads; kBytesFp8 is
+#: ``fa::DecodeSmem<D, 1>::kBytes`` (float8 K/V).
+DECODE_FACTS = ("kStages", "kMinBlocks", "kBytes", "kVSplits", "kBytesFp8")
 
 _ARRAY_RE = re.compile(r"fa_facts\[(\d+)\]\s*=\s*\{([^}]*)\}")
 
@@ -99,10 +100,10 @@ def _all_facts() -> dict:
     exprs += [f"fa::DecodeTraits<{d}>::kMinBlocks" for d in DECODE_BUCKETS]
     exprs += [f"fa::DecodeSmem<{d}>::kBytes" for d in DECODE_BUCKETS]
     exprs += [f"fa::DecodeTraits<{d}>::kVSplits" for d in DECODE_BUCKETS]
+    exprs += [f"fa::DecodeSmem<{d}, 1>::kBytes" for d in DECODE_BUCKETS]
     vals = _evaluate(build_source("sm80/flash_decode.cu"), exprs)
     k = len(DECODE_BUCKETS)
-    decode = {d: dict(zip(DECODE_FACTS, (vals[i], vals[k + i], vals[2 * k + i], vals[3 * k + i])))
-              for i, d in enumerate(DECODE_BUCKETS)}
+    decode = {d: dict(zip(DECODE_FACTS, vals[i::k])) for i, d in enumerate(DECODE_BUCKETS)}
     from .compile import SM90_HEAD_DIM_BUCKETS
 
     exprs = [f"fa::Sm90FwdTraits<{d}>::{f}" for d in SM90_HEAD_DIM_BUCKETS for f in PREFILL_FACTS]
