@@ -451,7 +451,8 @@ class DecodePlan:
         if self.direct:
             pointers = problem_pointers(p)
             pointers["oaccum"], pointers["lse_accum"] = oacc, lacc
-            pointers.update(self._scales(p))
+            if self.key.kv:  # float8 K/V: the call's scales too (nothing on the 16-bit path)
+                pointers.update(self._scales(p))
             self.launch(pointers)
             if self.combine_launch is not None:
                 self.combine_launch({"o_in": oacc, "lse_in": lacc, "o_out": p.out,
