@@ -2,6 +2,9 @@
 # Stall reasons and throughput of the sm90 prefill kernel (issue 12's "what stands between it
 # and 1.05x cuDNN"): Nsight Compute on the 4th launch of tools/ncu_case.py for each case in
 # $CASES ("D,S,causal[,page];..."), clocks left alone (METHOD.md).  Reports land in $OUT.
+#   NCU_EXTRA: more ncu options, e.g. the stall reasons per warp state and source line:
+#     NCU_EXTRA="--section SourceCounters --print-details all" GREP="Stall|Duration"
+#   PRECOMPILE=0 skips the parallel precompile (the cases compile their few kernels).
 set -u
 OUT=${OUT:-/tmp/fa_ncu}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
@@ -17,6 +20,7 @@ for c in "${CS[@]}"; do
     --kernel-name regex:fa_fwd_sm90 --launch-skip 3 --launch-count 1 \
     --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
     --section Occupancy --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+    ${NCU_EXTRA:-} \
     python3 tools/ncu_case.py --d "$d" --s "$s" --paged "$page" $([ "$causal" = 1 ] && echo --causal) \
     > "$OUT/ncu_$tag.txt" 2>&1
   grep -E "${GREP:-Duration|Compute \(SM\) Throughput|Memory Throughput|Stall|Issued Warp|No Eligible|Warp Cycles Per Issued}" \
