@@ -39,7 +39,7 @@ struct Sm90Smem {
   u32 q, k0, v0, o, bars;
   int* ids;    // [kStages][kBlockN] page id per key row (paged)
   int* flags;  // [kStages][4] absent-page flag per producer warp (paged)
-  u32 sched_slots;  // [2] ints: the dynamic schedule's mailbox (tile_scheduler.cuh)
+  u32 sched_slots;  // the dynamic schedule's mailbox: [2] claims, then [2][4] posted words
 
   __device__ explicit Sm90Smem(unsigned char* raw) {
     const u32 raw_addr = smem_u32(raw);
@@ -61,6 +61,9 @@ struct Sm90Smem {
   __device__ u32 k_empty(int s) const { return bars + 8 * (2 + 2 * Tr::kStages + s); }
   __device__ u32 v_empty(int s) const { return bars + 8 * (2 + 3 * Tr::kStages + s); }
   __device__ u32 sched_bars() const { return bars + 8 * (2 + 4 * Tr::kStages); }  // TileScheduler::kBars
+  static_assert(Tr::kNumBars == 2 + 4 * Tr::kStages + TileScheduler::kBars &&
+                    Tr::kSmemSchedSlots >= 16 + 2 * 16,
+                "kernel_traits.cuh: the mailbox's barriers and words (tile_scheduler.cuh)");
 };
 
 // ---- Persistent schedule ----------------------------------------------------------------------
