@@ -289,8 +289,8 @@ def test_the_validated_head_dim_limits_are_the_kernels_buckets():
 
 def test_float8_kv_plans_the_float8_decode_kernel():
     """A float8 cache (k / v in ml_dtypes float8) plans the decode kernel that reads float8 rows
-    (DecodeKey.kv), with its own shared-memory size; 16-bit K/V keep the plain kernel; head dims
-    that are not whole 16-byte float8 chunks are refused by name."""
+    (DecodeKey.kv), with its own shared-memory size, for every query length; 16-bit K/V keep
+    the plain kernel; head dims that are not whole 16-byte float8 chunks are refused by name."""
     import copy
 
     from cupy_flashattn import fp8
@@ -303,6 +303,14 @@ def test_float8_kv_plans_the_float8_decode_kernel():
         key = dc.plan(p8, sm_count=H100_SMS)[0]
         assert key == dc.DecodeKey("f16", 128, kv=fmt) and key.name == f"fa_decode_f16_d128_kv{fmt}"
         assert dc.smem_bytes(128, fmt) < dc.smem_bytes(128)  # float8 rows: a smaller ring
+    # Every query length goes to the decode kernel (the only one that reads float8 K/V).
+    p8 = _problem(B=2, max_q=64, max_k=4096, H=8, Hk=8, D=128, paged=True, dtype=np.float16)
+    assert route(p8) == ("prefill", None)
+    p8.k = p8.v = np.zeros(p8.k.shape, fp8.FLOAT8_E4M3FN)
+    assert route(p8) == ("decode", None)
+    (launch,) = describe_launches(p8, sm_count=H100_SMS, device_cc=90)
+    assert launch["kernel"] == "fa_decode_f16_d128_kve4m3"
+    assert launch["smem"] == dc.smem_bytes(128, "e4m3")
     p8 = copy.copy(p)
     p8.q = p8.out = np.zeros((64, 32, 72), np.float16)
     p8.k = p8.v = np.zeros((16, 16, 8, 72), fp8.FLOAT8_E4M3FN)

@@ -55,10 +55,13 @@ def route(problem):
     ``("mixed", limit)`` for a varlen batch whose sequences of at most ``limit`` queries go to
     the decode kernel and the rest to prefill (:func:`mixed_split`); else ``("prefill", None)``.
     The one place this choice is made (plans and :func:`describe_launches` both ask it)."""
+    from ..fp8 import is_fp8
     from .compile import is_precise, kernel_dtype_tag
 
     if is_precise(kernel_dtype_tag(problem.q.dtype)):
         return "prefill", None  # float32 / float64: one kernel for every query length
+    if is_fp8(problem.k.dtype):
+        return "decode", None  # float8 K/V: only the decode kernel reads them (any query length)
     if decode_applies(problem):
         return "decode", None
     limit = mixed_split(problem)
@@ -102,7 +105,7 @@ def describe_launches(problem, sm_count=None, arch=None, device_cc=None) -> tupl
         key, m_blocks, splits = decode_plan(problem, len_q_max=limit, sm_count=sm_count)
         grid = decode_grid(problem, m_blocks, splits, key.v_splits)
         out.append(dict(kind="decode", kernel=key.name, arch=key.arch, grid=grid,
-                        block=(DECODE_THREADS,), smem=decode_smem(key.head_dim), splits=splits,
+                        block=(DECODE_THREADS,), smem=decode_smem(key.head_dim, key.kv), splits=splits,
                         len_q=(1, limit) if limit is not None else (1, None)))
     if kind in ("prefill", "mixed"):
         key = select_kernel(problem, arch=arch, device_cc=device_cc)
