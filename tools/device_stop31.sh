@@ -41,13 +41,8 @@ if [ "$mode" = full ] || [ "$mode" = quick ] || [ "$mode" = verify ]; then
 fi
 if [ "$mode" = quick ]; then
   stamp "quickbench (TFLOP/s, back to back)"
-  for v in ${VARIANTS:-default}; do  # the sm90 tuning switches ("default": none)
-    [ "$v" = default ] && v=""
-    echo "variant '$v'"
-    CUPY_FLASHATTN_SM90_DEFINES="$v" timeout 200 python3 tools/quickbench_sm90.py --archs sm90 \
-      --no-torch --varlen --paged 16,256 --rows "${ROWS:-128,512,0;128,512,1;128,2048,0;128,4096,1}" \
-      2>&1 | tee -a "$OUT/quickbench.txt" | tail -n 8
-  done
+  ROWS=${ROWS:-"128,512,0;128,512,1;128,2048,0;128,4096,1"} bash "$(dirname "$0")/diag_stop31.sh" \
+    2>&1 | tee -a "$OUT/quickbench.txt" | tail -n 16
 fi
 if [ "$mode" = quick ]; then bench; fi
 stamp "done"

@@ -11,6 +11,11 @@
 
 namespace fa {
 
+// Sequence b's block-table row (paged caches).
+__device__ __forceinline__ const int* table_row(const FwdParams& p, int b) {
+  return p.block_table + (i64)b * p.table_batch_stride;
+}
+
 template <bool Is_paged>
 struct BlockInfo {
   int q_start;  // first row of this sequence in q / out / lse
@@ -52,7 +57,7 @@ struct BlockInfo {
     if (Is_paged) {
       ks = 0;
       capacity = (i64)p.max_blocks_per_seq * p.page_size;
-      table = p.block_table + (i64)b * p.table_batch_stride;
+      table = table_row(p, b);
     } else {
       ks = lmin(lmax(ks, 0), p.k_rows);
       capacity = p.k_rows - ks;
@@ -89,7 +94,7 @@ struct SeqInfo {
     k_start = (int)lens[2];
     len_k = (int)lens[3];
     kv_head_off = (i64)(h / p.h_per_kv) * p.k_head_stride;  // GQA/MQA: no K/V copies
-    table = Is_paged ? p.block_table + (i64)b * p.table_batch_stride : nullptr;  // as BlockInfo
+    table = Is_paged ? table_row(p, b) : nullptr;
     if (Is_paged) page = PageDiv::make(p.page_size);
   }
 };

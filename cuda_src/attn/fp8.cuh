@@ -19,6 +19,18 @@
 
 namespace fa {
 
+// sm_89+: cvt.rn.f16x2.{e4m3x2, e5m2x2} of the low 16 bits of `two` (the lower byte to the
+// lower half).
+template <bool kE4M3>
+__device__ __forceinline__ u32 fp8x2_to_f16x2_cvt(u32 two) {
+  u32 r;
+  if constexpr (kE4M3)
+    asm("{ .reg .b16 t; cvt.u16.u32 t, %1; cvt.rn.f16x2.e4m3x2 %0, t; }" : "=r"(r) : "r"(two));
+  else
+    asm("{ .reg .b16 t; cvt.u16.u32 t, %1; cvt.rn.f16x2.e5m2x2 %0, t; }" : "=r"(r) : "r"(two));
+  return r;
+}
+
 // K/V element formats of the decode kernel (its Kv template parameter).
 struct KvSame {  // K/V in the query's 16-bit type: no conversion
   static constexpr int kBytes = 2;
@@ -27,9 +39,7 @@ struct KvE4M3 {  // ml_dtypes.float8_e4m3fn
   static constexpr int kBytes = 1;
   __device__ __forceinline__ static u32 to_f16x2(u32 two) {  // the low 16 bits of `two`
 #if __CUDA_ARCH__ >= 890
-    u32 r;
-    asm("{ .reg .b16 t; cvt.u16.u32 t, %1; cvt.rn.f16x2.e4m3x2 %0, t; }" : "=r"(r) : "r"(two));
-    return r;
+    return fp8x2_to_f16x2_cvt<true>(two);
 #else
     return soft_half(two & 0xffu) | (soft_half((two >> 8) & 0xffu) << 16);
 #endif
@@ -52,9 +62,7 @@ struct KvE5M2 {  // ml_dtypes.float8_e5m2
   static constexpr int kBytes = 1;
   __device__ __forceinline__ static u32 to_f16x2(u32 two) {  // the low 16 bits of `two`
 #if __CUDA_ARCH__ >= 890
-    u32 r;
-    asm("{ .reg .b16 t; cvt.u16.u32 t, %1; cvt.rn.f16x2.e5m2x2 %0, t; }" : "=r"(r) : "r"(two));
-    return r;
+    return fp8x2_to_f16x2_cvt<false>(two);
 #else
     return ((two & 0xffu) << 8) | ((two & 0xff00u) << 16);
 #endif

@@ -22,7 +22,7 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 
 from cupy_flashattn.reference import problem_ref  # noqa: E402
 
-from test_gpu_kernels import make_problem  # noqa: E402
+from test_gpu_kernels import _check_out, make_problem  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -69,16 +69,7 @@ def check_fp8(problem, k_deq, v_deq, num_splits=0):
     naive_p.k, naive_p.v = k_deq.astype(q_dtype), v_deq.astype(q_dtype)
     naive, _ = problem_ref(naive_p, upcast=False)
 
-    run_decode(problem)
-    out = cupy.asnumpy(problem.out).astype(np.float64)
-    lse = cupy.asnumpy(problem.softmax_lse).astype(np.float64)
-    assert not np.isnan(out).any(), "output has unwritten (NaN) elements"
-    err = np.abs(out - ref).max(initial=0.0)
-    naive_err = np.abs(naive.astype(np.float64) - ref).max(initial=0.0)
-    assert err <= 2 * naive_err + 1e-5, f"max err {err:.3g} > 2 * naive {naive_err:.3g} + eps"
-    fin = np.isfinite(ref_lse)
-    assert np.array_equal(np.isinf(lse), np.isinf(ref_lse)), "LSE +inf positions differ"
-    np.testing.assert_allclose(lse[fin], ref_lse[fin], rtol=1e-3, atol=2e-3)
+    _check_out(problem, ref, ref_lse, naive, run=run_decode)
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
