@@ -18,6 +18,11 @@ the same measurement of each peer, after warm-up:
   call; a 1 GiB memset before each call flushes the 60 MB L2 and keeps the GPU busy while
   the host prepares the call, so host work is not timed.
 
+--kv bf16,fp8 adds rows over a float8 e4m3 cache (uint8 bytes with kv_cache_dtype="fp8", made
+by our quantizing append from the same bf16 K/V, one scale per tensor): its bytes are half, so
+"frac" counts the float8 bytes and `x_bf16` = the bf16 row's one-call time / this row's (the
+issue asks ~1.9x).  The peers always read the bf16 K/V (they have no float8 decode here).
+
 Bandwidth = bytes of K and V read / time.  Copy bandwidth = (read + write bytes) / time of a
 cudaMemcpy D2D of 1 GiB (DESIGN.md's 4.2 TB/s convention); "frac" = ours / copy bandwidth.
 
@@ -187,24 +192,45 @@ def measure_peers(timer, q, k, v, n_b2b):
 
 def paged_cache(k, v, P):
     """(k pages, v pages, block table): the keys of k/v (B, ctx, Hk, D) scattered over pages of
-    P rows in a random order."""
+    P rows in a random order (in k's dtype: bf16, or uint8 float8 bytes)."""
     B, ctx, Hk, _ = k.shape
     nb = B * ctx // P
     perm = np.random.default_rng(P).permutation(nb).astype(np.int32)
     table = cupy.asarray(perm.reshape(B, ctx // P))
-    kp = cupy.empty((nb, P, Hk, D), BF16)
-    vp = cupy.empty((nb, P, Hk, D), BF16)
+    kp = cupy.empty((nb, P, Hk, D), k.dtype)
+    vp = cupy.empty((nb, P, Hk, D), k.dtype)
     kp[table.reshape(-1)] = k.reshape(nb, P, Hk, D)
     vp[table.reshape(-1)] = v.reshape(nb, P, Hk, D)
     return kp, vp, table
 
 
+#: The float8 rows' scale (one per tensor): N(0, 1) values / FP8_SCALE stay below e4m3's 448.
+FP8_SCALE = 1.0 / 64
+
+
+def quantized(k, v):
+    """k / v (B, ctx, Hk, D) bf16 as float8 e4m3 bytes (uint8), through our quantizing append
+    (fp8(clip(x / FP8_SCALE)), the bytes fp8.quantize gives)."""
+    from cupy_flashattn.rotary import append_kv_contiguous
+
+    k8, v8 = cupy.empty(k.shape, np.uint8), cupy.empty(v.shape, np.uint8)
+    append_kv_contiguous(k8, v8, k, v, cupy.zeros((k.shape[0],), np.int32), k_scale=FP8_SCALE,
+                         v_scale=FP8_SCALE, kv_cache_dtype="fp8")
+    return k8, v8
+
+
 def decode_problem(q, kc, vc, seqlens, table, P, ctx):
     """The AttentionProblem our front end would build for the decode call (kernel-only path)."""
+    from cupy_flashattn import fp8
     from cupy_flashattn.problem import AttentionProblem
 
     B, _, H, _ = q.shape
-    return AttentionProblem(
+    extra = {}
+    if kc.dtype == np.uint8:  # float8 bytes
+        Hk = kc.shape[-2]
+        scale = cupy.full((Hk,), FP8_SCALE, np.float32)
+        extra = dict(kv_dtype=fp8.FLOAT8_E4M3FN, k_scale=scale, v_scale=scale)
+    return AttentionProblem(**extra,
         q=q.reshape(B, H, D), k=kc if P else kc.reshape(B * ctx, -1, D),
         v=vc if P else vc.reshape(B * ctx, -1, D), out=cupy.empty((B, H, D), BF16),
         softmax_lse=cupy.empty((H, B), np.float32), batch_size=B, seqlen_q=1,
@@ -217,6 +243,8 @@ def measure_ours(timer, q, kc, vc, seqlens, table, P, ctx, n_b2b, ref):
     from cupy_flashattn._cuda import decode as dc
 
     kw = {} if table is None else dict(block_table=table)
+    if kc.dtype == np.uint8:
+        kw.update(kv_cache_dtype="fp8", k_scale=FP8_SCALE, v_scale=FP8_SCALE)
 
     def ours():
         return fa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, causal=True, **kw)
@@ -232,11 +260,12 @@ def measure_ours(timer, q, kc, vc, seqlens, table, P, ctx, n_b2b, ref):
     return t, dict(splits=dc.plan(prob)[2], max_abs_diff=err, graph_err=graph_err)
 
 
-def make_row(shape, P, ours, extra, peers, kv_bytes, copy_bw, n_b2b):
+def make_row(shape, P, ours, extra, peers, kv_bytes, copy_bw, n_b2b, kv="bf16"):
     """One CSV row.  GB/s, frac and ratio_<peer> (ours time / theirs) come from the one-call
-    time (what a user sees); the *_kernel columns from kernel-only time."""
+    time (what a user sees); the *_kernel columns from kernel-only time.  ``kv_bytes``: the
+    bytes of K and V ours reads (half for float8)."""
     B, ctx, H, Hk = shape
-    row = dict(B=B, ctx=ctx, H=H, Hk=Hk, D=D, page=P or "contig", splits=extra["splits"])
+    row = dict(B=B, ctx=ctx, H=H, Hk=Hk, D=D, page=P or "contig", kv=kv, splits=extra["splits"])
     for prefix, t in [("", ours)] + [(f"{be}_", peers[be]) for be in PEERS]:
         for m in MEASURES:
             row[f"{prefix}us_{m}"] = t[m] * 1e6
@@ -248,12 +277,14 @@ def make_row(shape, P, ours, extra, peers, kv_bytes, copy_bw, n_b2b):
         row[f"ratio_{be}"] = ours["call"] / peers[be]["call"]
     for m in ("b2b", "graph", "kernel"):
         row[f"ratio_{m}_cudnn"] = ours[m] / peers["cudnn"][m]
-    row.update(b2b_calls=n_b2b, max_abs_diff=extra["max_abs_diff"], graph_err=extra["graph_err"])
+    row.update(b2b_calls=n_b2b, max_abs_diff=extra["max_abs_diff"], graph_err=extra["graph_err"],
+               x_bf16=NAN)
     return row
 
 
-def bench_shape(timer, copy_bw, shape, pages):
-    """The rows of one (B, ctx, H, Hk): the peers once, then ours on each cache layout."""
+def bench_shape(timer, copy_bw, shape, pages, kvs=("bf16",)):
+    """The rows of one (B, ctx, H, Hk): the peers once, then ours on each cache layout and K/V
+    format (``kvs``: "bf16", "fp8")."""
     B, ctx, H, Hk = shape
     kv_bytes = 2 * B * ctx * Hk * D * 2
     n_b2b = measure.calls_for(kv_bytes / 3.5e12 + 20e-6, B2B_BUDGET_S)
@@ -266,13 +297,21 @@ def bench_shape(timer, copy_bw, shape, pages):
     seqlens = cupy.full((B,), ctx, np.int32)
     peers, ref = measure_peers(timer, q, k, v, n_b2b)
     rows = []
-    for P in pages:
-        kc, vc, table = paged_cache(k, v, P) if P else (k, v, None)
-        ours, extra = measure_ours(timer, q, kc, vc, seqlens, table, P, ctx, n_b2b, ref)
-        rows.append(make_row(shape, P, ours, extra, peers, kv_bytes, copy_bw, n_b2b))
-        print(" ".join(f"{k_}={v_:.3g}" if isinstance(v_, float) else f"{k_}={v_}"
-                       for k_, v_ in rows[-1].items()), flush=True)  # fmt: skip
-        del kc, vc, table
+    for kv in kvs:
+        kk, vv = quantized(k, v) if kv == "fp8" else (k, v)
+        nbytes = kv_bytes // 2 if kv == "fp8" else kv_bytes
+        for P in pages:
+            kc, vc, table = paged_cache(kk, vv, P) if P else (kk, vv, None)
+            ours, extra = measure_ours(timer, q, kc, vc, seqlens, table, P, ctx, n_b2b, ref)
+            rows.append(make_row(shape, P, ours, extra, peers, nbytes, copy_bw, n_b2b, kv))
+            if kv != "bf16":
+                base = [r for r in rows if r["kv"] == "bf16" and r["page"] == rows[-1]["page"]]
+                if base:
+                    rows[-1]["x_bf16"] = base[0]["us_call"] / rows[-1]["us_call"]
+            print(" ".join(f"{k_}={v_:.3g}" if isinstance(v_, float) else f"{k_}={v_}"
+                           for k_, v_ in rows[-1].items()), flush=True)  # fmt: skip
+            del kc, vc, table
+        del kk, vv
     return rows
 
 
@@ -314,19 +353,19 @@ def decode_table(rows, copy_bw) -> str:
         "synchronisation at the end.  **graph**: one call captured in a CUDA graph, one replay "
         "start to end.  **kernel only**: device time with host work hidden (ours: the decode "
         "launcher below the front end).  docs/performance.md explains the columns.\n",
-        "| B | ctx | H/Hk | page | one call us: ours / flash / cuDNN | ours GB/s | frac copy "
+        "| B | ctx | H/Hk | page | K/V | one call us: ours / flash / cuDNN | ours GB/s | frac copy "
         "| ours/cuDNN | ours/flash | back to back us/call: ours / flash / cuDNN | b2b ours/cuDNN "
         "| graph us: ours / flash / cuDNN | graph ours/cuDNN | kernel only us: ours / flash / cuDNN "
-        "| kernel ours/cuDNN | splits |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| kernel ours/cuDNN | splits | bf16 time / this |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['B']} | {r['ctx']} | {r['H']}/{r['Hk']} | {r['page']} | {_trio(r, 'call')} | "
+            f"| {r['B']} | {r['ctx']} | {r['H']}/{r['Hk']} | {r['page']} | {r['kv']} | {_trio(r, 'call')} | "
             f"{r['GBs']:.0f} | {r['frac']:.2f} | {_ratio(r['ratio_cudnn'])} | {_ratio(r['ratio_flash'])} | "
             f"{_trio(r, 'b2b')} | {_ratio(r['ratio_b2b_cudnn'])} | {_trio(r, 'graph')} | "
             f"{_ratio(r['ratio_graph_cudnn'])} | {_trio(r, 'kernel')} | {_ratio(r['ratio_kernel_cudnn'])} | "
-            f"{r['splits']} |")
+            f"{r['splits']} | {_ratio(r['x_bf16'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -353,7 +392,7 @@ def bench(args):
     pages = [int(x) for x in args.pages.split(",")]
     rows = []
     for shape in shapes(args):
-        rows += bench_shape(timer, copy_bw, shape, pages)
+        rows += bench_shape(timer, copy_bw, shape, pages, args.kv.split(","))
         cupy.get_default_memory_pool().free_all_blocks()
     if rows:
         write_outputs(rows, copy_bw, args.out)
@@ -391,11 +430,14 @@ def plot(rows, copy_bw, out):
         fig, axes = plt.subplots(1, len(batches), figsize=(4 * len(batches), 3.6), squeeze=False)
         for ax, B in zip(axes[0], batches):
             rb = [r for r in sel if r["B"] == B]
-            for page in sorted({str(r["page"]) for r in rb}):
-                pts = sorted((r["ctx"], r["GBs"]) for r in rb if str(r["page"]) == page)
-                ax.plot(*zip(*pts), marker="o", label=f"ours ({'page ' + page if page != 'contig' else 'contiguous'})")
+            for page, kv in sorted({(str(r["page"]), r["kv"]) for r in rb}):
+                pts = sorted((r["ctx"], r["GBs"]) for r in rb
+                             if str(r["page"]) == page and r["kv"] == kv)
+                where = "page " + page if page != "contig" else "contiguous"
+                ax.plot(*zip(*pts), marker="o", label=f"ours ({where}, {kv})")
             first = str(rb[0]["page"])
-            pts = sorted((r["ctx"], r["GBs_kernel"]) for r in rb if str(r["page"]) == first)
+            pts = sorted((r["ctx"], r["GBs_kernel"]) for r in rb
+                         if str(r["page"]) == first and r["kv"] == rb[0]["kv"])
             ax.plot(*zip(*pts), marker=".", linestyle=":", color="grey",
                     label=f"ours ({'page ' + first if first != 'contig' else 'contiguous'}), kernel only")
             peers = {}
@@ -462,6 +504,8 @@ def main(argv=None):
     ap.add_argument("--heads", help="H/Hk pairs, e.g. 32/8,32/32 (default: the grid's)")
     ap.add_argument("--pages", default=",".join(map(str, PAGES)),
                     help="cache layouts: 0 = contiguous, else the page size (default %(default)s)")
+    ap.add_argument("--kv", default="bf16",
+                    help="K/V formats of our rows: bf16, fp8 (e4m3 bytes), e.g. bf16,fp8")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     args = ap.parse_args(argv)

@@ -12,7 +12,13 @@
 // Rounding matches cupy_flashattn.rotary.apply_rotary's NumPy path bit for bit: float32 products
 // and one float32 add/subtract, explicitly not fused (__fmul_rn/__fadd_rn), then one
 // round-to-nearest-even to the storage type.
+//
+// A float8 cache (dst_type 4 / 5, vLLM's FP8 KV cache) stores fp8(clip(x / scale[h])) of each
+// new element x -- the rotated k after its rounding to the source type, as the NumPy path
+// rotates then quantizes (cupy_flashattn.fp8.quantize: an IEEE float32 division, saturation,
+// round to nearest even; attn/fp8.cuh f32_to_e4m3 / f32_to_e5m2), bit for bit.
 #include "common.cuh"
+#include "attn/fp8.cuh"
 #include "attn/paged.cuh"
 
 namespace fa {
@@ -47,11 +53,47 @@ struct RopeAppendParams {
   int pos_per_token;
   int batch, seqlen, heads, head_dim;
   int elem_type;         // 0 f32, 1 f16, 2 bf16 (data)
+  int dst_type;          // 0: elem_type; 4: float8 e4m3fn, 5: float8 e5m2 (quantized, one byte)
+  const float* dst_scale;   // (heads,) float8 scales of job 0's dst (keys) ...
+  const float* dst2_scale;  // ... and of job 1's (values)
 };
 
 __device__ __forceinline__ void copy_elem(const void* s, i64 si, void* d, i64 di, int type) {
   if (type == 0) static_cast<u32*>(d)[di] = static_cast<const u32*>(s)[si];
   else static_cast<u16*>(d)[di] = static_cast<const u16*>(s)[si];
+}
+
+// Element d of the rotated row at soff (d < rotary_dim), in float32 before its rounding.
+__device__ __forceinline__ float rotated(const RopeAppendParams& p, const void* src, i64 soff,
+                                         int d, int rpos) {
+  int pair, partner;
+  bool first;
+  if (p.interleaved) {
+    pair = d >> 1; first = (d & 1) == 0; partner = d ^ 1;
+  } else {
+    first = d < p.rot_half; pair = first ? d : d - p.rot_half; partner = first ? d + p.rot_half : pair;
+  }
+  const float c = load_elem(p.cos, rpos * p.cos_row_stride + pair, p.cs_type);
+  const float sn = load_elem(p.sin, rpos * p.sin_row_stride + pair, p.cs_type);
+  const float x = load_elem(src, soff + d, p.elem_type);
+  const float y = load_elem(src, soff + partner, p.elem_type);
+  // first: x1 * c - x2 * s (x1 = x, x2 = y); second: x2 * c + x1 * s (x2 = x, x1 = y).
+  return first ? __fsub_rn(__fmul_rn(x, c), __fmul_rn(y, sn))
+               : __fadd_rn(__fmul_rn(x, c), __fmul_rn(y, sn));
+}
+
+// v rounded to the storage type `type` and back (what store_elem then load_elem would give).
+__device__ __forceinline__ float round_to(float v, int type) {
+  if (type == 0) return v;
+  u16 b;
+  if (type == 2) {
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(v));
+    return __uint_as_float((u32)b << 16);
+  }
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(b) : "f"(v));
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(b));
+  return f;
 }
 
 __device__ void rope_append(const RopeAppendParams& p) {
@@ -96,26 +138,21 @@ __device__ void rope_append(const RopeAppendParams& p) {
     rpos = (pos >= 0 && pos < p.seqlen_ro) ? (int)pos : -1;
   }
   const int rot_dim = 2 * p.rot_half;
+  if (p.dst_type != 0) {  // float8 cache: quantize (a separate loop keeps the 16-bit one as is)
+    const float scale = (job == 0 ? p.dst_scale : p.dst2_scale)[h];
+    for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x) {
+      const float x = rpos < 0 || d >= rot_dim
+                          ? load_elem(src, soff + d, p.elem_type)
+                          : round_to(rotated(p, src, soff, d, rpos), p.elem_type);
+      const float y = __fdiv_rn(x, scale);
+      const u32 x8 = p.dst_type == 4 ? f32_to_e4m3(y) : f32_to_e5m2(y);
+      static_cast<unsigned char*>(dst)[doff + d] = (unsigned char)x8;
+    }
+    return;
+  }
   for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x) {
-    if (rpos < 0 || d >= rot_dim) {
-      copy_elem(src, soff + d, dst, doff + d, p.elem_type);
-      continue;
-    }
-    int pair, partner;
-    bool first;
-    if (p.interleaved) {
-      pair = d >> 1; first = (d & 1) == 0; partner = d ^ 1;
-    } else {
-      first = d < p.rot_half; pair = first ? d : d - p.rot_half; partner = first ? d + p.rot_half : pair;
-    }
-    const float c = load_elem(p.cos, rpos * p.cos_row_stride + pair, p.cs_type);
-    const float sn = load_elem(p.sin, rpos * p.sin_row_stride + pair, p.cs_type);
-    const float x = load_elem(src, soff + d, p.elem_type);
-    const float y = load_elem(src, soff + partner, p.elem_type);
-    // first: x1 * c - x2 * s (x1 = x, x2 = y); second: x2 * c + x1 * s (x2 = x, x1 = y).
-    const float v = first ? __fsub_rn(__fmul_rn(x, c), __fmul_rn(y, sn))
-                          : __fadd_rn(__fmul_rn(x, c), __fmul_rn(y, sn));
-    store_elem(dst, doff + d, p.elem_type, v);
+    if (rpos < 0 || d >= rot_dim) copy_elem(src, soff + d, dst, doff + d, p.elem_type);
+    else store_elem(dst, doff + d, p.elem_type, rotated(p, src, soff, d, rpos));
   }
 }
 

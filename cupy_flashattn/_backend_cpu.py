@@ -45,6 +45,7 @@ it compiles lazily on first use (never at import) and is cached on disk (``cache
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import ml_dtypes
@@ -424,6 +425,8 @@ def run_attention(problem: AttentionProblem) -> None:
     every row 0 / +inf.
     """
     p = problem
+    if p.kv_dtype is not None:  # float8 bytes (kv_cache_dtype): the same memory as float8
+        p = dataclasses.replace(p, k=p.k.view(p.kv_dtype), v=p.v.view(p.kv_dtype), kv_dtype=None)
     compute_dtype = _COMPUTE_DTYPE.get(np.dtype(p.q.dtype))
     if compute_dtype is None:
         raise explain(

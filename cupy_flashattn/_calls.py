@@ -92,6 +92,9 @@ class _Call:
                         "split the batch into several calls, each with fewer rows",
                     )
         self.xp = xp
+        # A float8 call's scales (fp8.ScaleBinding: fixed arrays, or the caller's per call);
+        # None for 16/32/64-bit K/V.
+        self.kv_scales = fields.pop("kv_scales", None)
         self.fields = fields
         self.H = num_heads
         self.D = head_dim
@@ -149,6 +152,15 @@ class _Call:
         B, Sq = self.q_shape[0], self.q_shape[1]
         return self.xp.ascontiguousarray(lse.reshape(self.H, B, Sq).transpose(1, 0, 2))
 
+    def _kv_format(self, k):
+        """The float8 format of k: the one its uint8 bytes hold (``kv_dtype``), or its dtype."""
+        fmt = self.fields.get("kv_dtype")
+        return k.dtype if fmt is None else fmt
+
+    def _scales(self, k_scale, v_scale) -> dict:
+        """The AttentionProblem's k_scale / v_scale of this execution ({} unless float8)."""
+        return {} if self.kv_scales is None else self.kv_scales.arrays(k_scale, v_scale)
+
     def _alibi(self, slopes):
         if slopes is None:
             return None
@@ -187,12 +199,14 @@ class DenseCall(_Call):
         self.q_rows = (B * Sq,) + tuple(q_shape[2:])
         self.k_rows = (k_shape[0] * k_shape[1],) + tuple(k_shape[2:])
 
-    def execute(self, q, k, v, alibi_slopes, sinks, mm_prefix_ranges, out):
+    def execute(self, q, k, v, alibi_slopes, sinks, mm_prefix_ranges, out, k_scale=None,
+                v_scale=None):
         keep_lse = self.return_lse or self.attn_probs
         lse = self._lse_buffer(self.q_rows[0], keep_lse, q.dtype)
         result = self._run_token_rows(q, k, v, out, lse, self.k_rows,
                                       alibi_slopes=self._alibi(alibi_slopes), sinks=sinks,
-                                      mm_prefix_ranges=mm_prefix_ranges)
+                                      mm_prefix_ranges=mm_prefix_ranges,
+                                      **self._scales(k_scale, v_scale))
         if not keep_lse:
             return result
         lse = self._lse_per_batch(lse)
@@ -209,14 +223,14 @@ class VarlenCall(_Call):
         self.attn_probs = attn_probs
 
     def execute(self, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
-                sinks, mm_prefix_ranges, out):
+                sinks, mm_prefix_ranges, out, k_scale=None, v_scale=None):
         xp = self.xp
         out_rows = xp.empty(q.shape, dtype=q.dtype) if out is None else out
         lse = self._lse_buffer(q.shape[0], self.return_lse or self.attn_probs, q.dtype)
         self._run(q=q, k=k, v=v, out=out_rows, softmax_lse=lse, cu_seqlens_q=cu_seqlens_q,
                   cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, block_table=block_table,
                   alibi_slopes=self._alibi(alibi_slopes), sinks=sinks,
-                  mm_prefix_ranges=mm_prefix_ranges)
+                  mm_prefix_ranges=mm_prefix_ranges, **self._scales(k_scale, v_scale))
         if self.attn_probs:
             return out_rows, lse, None
         return (out_rows, lse) if self.return_lse else out_rows
@@ -245,18 +259,16 @@ class KVCacheCall(_Call):
         self.rotary_interleaved = rotary_interleaved
         self.q_per_token = q_per_token
         self.rope_plans: dict = {}  # the rotary/append kernel's launch plans (CuPy)
-        # A float8 cache's (k_scale, v_scale): the new k / v are quantized on append (fp8.py).
-        self.fp8_scales = ((fields["k_scale"], fields["v_scale"]) if "k_scale" in fields
-                           else None)
 
     def execute(self, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                 cache_batch_idx, cache_leftpad, block_table, alibi_slopes, sinks,
-                mm_prefix_ranges, out):
+                mm_prefix_ranges, out, k_scale=None, v_scale=None):
         seqlens = self.seqlens if self.seqlens is not None else cache_seqlens
+        scales = self._scales(k_scale, v_scale)
         arrays = dict(seqused_k=seqlens, cache_batch_idx=cache_batch_idx,
                       leftpad_k=cache_leftpad, block_table=block_table,
                       alibi_slopes=self._alibi(alibi_slopes), sinks=sinks,
-                      mm_prefix_ranges=mm_prefix_ranges)
+                      mm_prefix_ranges=mm_prefix_ranges, **scales)
         if k is not None and not self.no_keys:
             if self.plan is None and self.xp is not np and not self.no_queries:
                 # The first call of this signature: a kernel this GPU cannot run (too much
@@ -275,7 +287,11 @@ class KVCacheCall(_Call):
                 q, k_cache, v_cache, k, v, seqlens, cos=rotary_cos, sin=rotary_sin,
                 interleaved=self.rotary_interleaved, q_per_token=self.q_per_token,
                 cache_batch_idx=cache_batch_idx, block_table=block_table if self.paged else None,
-                plans=self.rope_plans, fp8_scales=self.fp8_scales,
+                plans=self.rope_plans,
+                # A float8 cache (its dtype, or the format of its uint8 bytes): the new k / v
+                # are quantized on append (fp8.py).
+                fp8=(self._kv_format(k_cache), scales["k_scale"], scales["v_scale"])
+                if scales else None,
             )
         lse = self._lse_buffer(self.q_rows[0], self.return_lse, q.dtype)
         result = self._run_token_rows(q, k_cache, v_cache, out, lse, self.k_cache_rows, **arrays)

@@ -4,7 +4,8 @@ Everything a call decides on the host -- validation of shapes, dtypes, strides a
 normalized problem, the kernel, its grid, split count and packed arguments -- depends only on
 the *signature* of its arguments: for each CuPy array its shape, strides, dtype, device and
 whether its address is 16-byte aligned; for every other argument its value; and the current
-device.  ``api.py`` keys a
+device; a CuPy array passed where a scalar could be (the float8 scales) counts by its layout,
+as an array does.  ``api.py`` keys a
 small LRU cache by that signature; a hit skips straight to execution (allocate the outputs,
 rebind pointers, launch), a miss runs the full validation and stores the result.
 
@@ -68,6 +69,8 @@ def signature(arrays, scalars):
             sig.append(tuple((type(x), x) for x in s))
         elif type(s) in _SCALARS:
             sig.append((type(s), s))
+        elif type(s) is nd:  # a device value read per call (float8 scales): its layout only
+            sig.append((nd, s.shape, s.strides, s.dtype, s.data.device_id))
         else:
             return None
     # The current device is part of the key: a plan holds kernel functions (and launch

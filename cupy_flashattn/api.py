@@ -104,13 +104,15 @@ def _full_check(xp, check) -> bool:
 
 
 def _common_checks(q, k, v, dropout_p, softmax_scale, window_size, softcap, k_scale=None,
-                   v_scale=None, kv_names=("k", "v")):
+                   v_scale=None, kv_names=("k", "v"), kv_cache_dtype=None):
     """Checks shared by all entry points; returns (xp, q, k, v, fp8) with foreign GPU arrays
-    adopted; ``fp8``: k and v are a float8 cache (fp8.py), read with ``k_scale`` / ``v_scale``."""
+    adopted; ``fp8``: the float8 format of k and v (a float8 cache, fp8.py, read with
+    ``k_scale`` / ``v_scale``; uint8 bytes with ``kv_cache_dtype``), or None."""
     q, k, v = adopt(q), adopt(k), adopt(v)
     xp = validate.same_library(q=q, k=k, v=v)
     validate.dtype_supported("q", q, xp)
-    fp8 = validate.kv_dtypes(q, k, v, xp, *kv_names, k_scale=k_scale, v_scale=v_scale)
+    fp8 = validate.kv_dtypes(q, k, v, xp, *kv_names, k_scale=k_scale, v_scale=v_scale,
+                             kv_cache_dtype=kv_cache_dtype)
     for name, a in (("q", q), ("k", k), ("v", v)):
         validate.last_dim_contiguous(name, a)
     validate.dropout(dropout_p)
@@ -120,14 +122,17 @@ def _common_checks(q, k, v, dropout_p, softmax_scale, window_size, softcap, k_sc
     return xp, q, k, v, fp8
 
 
-def _kv_scales(fp8: bool, k_scale, v_scale, num_heads_k: int) -> dict:
-    """The AttentionProblem fields of a float8 cache's scales (float32 (Hk,) each; none for
-    16/32/64-bit K/V).  Only NumPy calls get here with FP8, and those are never cached, so the
-    values are read afresh on every call."""
-    if not fp8:
+def _kv_scales(fp8, k_scale, v_scale, num_heads_k: int, xp, k) -> dict:
+    """A float8 call's fields: its scales as ``kv_scales`` (fp8.ScaleBinding, which
+    _calls._Call takes out of the fields: floats become (Hk,) arrays once, CuPy arrays are read
+    per call) and, for uint8 bytes, their format as ``kv_dtype``; nothing for 16/32/64-bit K/V
+    (``fp8`` None)."""
+    if fp8 is None:
         return {}
-    return dict(k_scale=fp8_mod.scale_array("k_scale", k_scale, num_heads_k),
-                v_scale=fp8_mod.scale_array("v_scale", v_scale, num_heads_k))
+    fields = dict(kv_scales=fp8_mod.ScaleBinding(k_scale, v_scale, num_heads_k, xp))
+    if np.dtype(k.dtype) == np.uint8:
+        fields["kv_dtype"] = fp8
+    return fields
 
 
 def _mask(causal, window_size):
@@ -191,6 +196,7 @@ def flash_attn_func(
     mm_prefix_ranges=None,
     k_scale=None,
     v_scale=None,
+    kv_cache_dtype=None,
 ):
     """Attention over a dense batch.
 
@@ -238,7 +244,8 @@ def flash_attn_func(
     """
     key = signature((q, k, v, alibi_slopes, sinks, mm_prefix_ranges, out),
                     (dropout_p, softmax_scale, causal, window_size, softcap, return_attn_probs,
-                     return_softmax_lse, check, _default_check(), k_scale, v_scale))
+                     return_softmax_lse, check, _default_check(), k_scale, v_scale,
+                     kv_cache_dtype))
     call = CALLS.get(key) if key is not None else None
     if call is None:
         q, k, v, alibi_slopes, sinks, mm_prefix_ranges, out = (adopt(a) for a in (q, k, v,
@@ -246,19 +253,19 @@ def flash_attn_func(
                                                                mm_prefix_ranges, out))
         call = _prepare_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                               alibi_slopes, sinks, mm_prefix_ranges, return_attn_probs,
-                              return_softmax_lse, out, k_scale, v_scale, check)
+                              return_softmax_lse, out, k_scale, v_scale, check, kv_cache_dtype)
         if key is not None:
             CALLS.put(key, call)
-    return call.execute(q, k, v, alibi_slopes, sinks, mm_prefix_ranges, out)
+    return call.execute(q, k, v, alibi_slopes, sinks, mm_prefix_ranges, out, k_scale, v_scale)
 
 
 def _prepare_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                    sinks, mm_prefix_ranges,
                    return_attn_probs, return_softmax_lse, out, k_scale=None,
-                   v_scale=None, check=None) -> DenseCall:
+                   v_scale=None, check=None, kv_cache_dtype=None) -> DenseCall:
     """Every check of flash_attn_func (none needs a device sync), lowered to a DenseCall."""
     xp, q, k, v, fp8 = _common_checks(q, k, v, dropout_p, softmax_scale, window_size, softcap,
-                                      k_scale, v_scale)
+                                      k_scale, v_scale, kv_cache_dtype=kv_cache_dtype)
     validate.rank("q", q, 4, "dense (batch, seqlen_q, nheads, headdim)")
     validate.rank("k", k, 4, "dense (batch, seqlen_k, nheads_k, headdim)")
     validate.rank("v", v, 4, "dense (batch, seqlen_k, nheads_k, headdim)")
@@ -273,7 +280,7 @@ def _prepare_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softc
     fields = dict(
         batch_size=B, seqlen_q=Sq, seqlen_k=Sk, max_seqlen_q=Sq, max_seqlen_k=Sk,
         **_logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, sinks,
-        mm_prefix_ranges, B, H, _full_check(xp, check)), **_kv_scales(fp8, k_scale, v_scale, Hk),
+        mm_prefix_ranges, B, H, _full_check(xp, check)), **_kv_scales(fp8, k_scale, v_scale, Hk, xp, k),
     )
     return DenseCall(xp, fields, H, D, return_softmax_lse, return_attn_probs, tuple(q.shape),
                      tuple(k.shape))
@@ -331,6 +338,7 @@ def flash_attn_varlen_func(
     mm_prefix_ranges=None,
     k_scale=None,
     v_scale=None,
+    kv_cache_dtype=None,
 ):
     """Attention over a batch of sequences of different lengths, packed without padding.
 
@@ -375,13 +383,13 @@ def flash_attn_varlen_func(
             mm_prefix_ranges=mm_prefix_ranges,
             deterministic=deterministic, return_attn_probs=return_attn_probs,
             return_softmax_lse=return_softmax_lse, out=out, check=check,
-            k_scale=k_scale, v_scale=v_scale,
+            k_scale=k_scale, v_scale=v_scale, kv_cache_dtype=kv_cache_dtype,
         )
     key = signature((q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
                     sinks, mm_prefix_ranges, out),
                     (max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
                      softcap, return_attn_probs, page_block_size, return_softmax_lse, check,
-                     _default_check(), k_scale, v_scale))
+                     _default_check(), k_scale, v_scale, kv_cache_dtype))
     call = CALLS.get(key) if key is not None else None
     if call is None:
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, sinks, mm_prefix_ranges, out = (
@@ -392,22 +400,22 @@ def flash_attn_varlen_func(
             softmax_scale, causal, window_size, softcap, alibi_slopes, sinks, mm_prefix_ranges,
             return_attn_probs,
             block_table, page_block_size, seqused_k, return_softmax_lse, out, check,
-            k_scale, v_scale)
+            k_scale, v_scale, kv_cache_dtype)
         if key is not None:
             CALLS.put(key, call)
     return call.execute(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
-                        alibi_slopes, sinks, mm_prefix_ranges, out)
+                        alibi_slopes, sinks, mm_prefix_ranges, out, k_scale, v_scale)
 
 
 def _prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                     softmax_scale, causal, window_size, softcap, alibi_slopes, sinks,
                     mm_prefix_ranges, return_attn_probs,
                     block_table, page_block_size, seqused_k, return_softmax_lse, out,
-                    check, k_scale=None, v_scale=None) -> VarlenCall:
+                    check, k_scale=None, v_scale=None, kv_cache_dtype=None) -> VarlenCall:
     """Every check of flash_attn_varlen_func (value checks only with ``check``/on NumPy),
     lowered to a VarlenCall."""
     xp, q, k, v, fp8 = _common_checks(q, k, v, dropout_p, softmax_scale, window_size, softcap,
-                                      k_scale, v_scale)
+                                      k_scale, v_scale, kv_cache_dtype=kv_cache_dtype)
     full = _full_check(xp, check)
     validate.rank("q", q, 3, "varlen (total_q, nheads, headdim)")
     paged = block_table is not None
@@ -447,7 +455,7 @@ def _prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
         batch_size=B, seqlen_q=0, seqlen_k=0, max_seqlen_q=int(max_seqlen_q),
         max_seqlen_k=int(max_seqlen_k), page_block_size=P,
         **_logits(xp, softmax_scale, D, left, right, softcap, alibi_slopes, sinks,
-        mm_prefix_ranges, B, H, full), **_kv_scales(fp8, k_scale, v_scale, Hk),
+        mm_prefix_ranges, B, H, full), **_kv_scales(fp8, k_scale, v_scale, Hk, xp, k),
     )
     key_rows = int(k.shape[0]) * (P if paged else 1)
     return VarlenCall(xp, fields, H, D, return_softmax_lse, return_attn_probs,
@@ -472,7 +480,8 @@ def _varlen_from_cache(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     cache = k
     _refuse_what_the_cache_supplies("k", v=v, cu_seqlens_k=cu_seqlens_k, block_table=block_table,
                                     seqused_k=seqused_k, k_scale=rest.pop("k_scale", None),
-                                    v_scale=rest.pop("v_scale", None))
+                                    v_scale=rest.pop("v_scale", None),
+                                    kv_cache_dtype=rest.pop("kv_cache_dtype", None))
     validate.page_block_size(page_block_size, cache.k_pages)
     seqs = cache._sequences(list(cache.seq_ids) if seq_ids is None else list(seq_ids))
     # One upload of the table and cu_seqlens_k (summed on the host; [0] for no sequence).
@@ -481,7 +490,7 @@ def _varlen_from_cache(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     return flash_attn_varlen_func(
         q, cache.k_pages, cache.v_pages, cu_seqlens_q, cu_k, max_seqlen_q,
         capacity if max_seqlen_k is None else max_seqlen_k, block_table=table,
-        k_scale=cache.k_scale, v_scale=cache.v_scale, **rest,
+        k_scale=cache.k_scale, v_scale=cache.v_scale, kv_cache_dtype=cache._kv_cache_dtype, **rest,
     )
 
 
@@ -518,6 +527,7 @@ def flash_attn_with_kvcache(
     mm_prefix_ranges=None,
     k_scale=None,
     v_scale=None,
+    kv_cache_dtype=None,
 ):
     """Attention of a few new query tokens per sequence against a KV cache, appending the new
     keys/values into the cache in place first (flash-attn's decode entry point).
@@ -569,14 +579,14 @@ def flash_attn_with_kvcache(
             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
             rotary_interleaved, alibi_slopes, sinks, mm_prefix_ranges, num_splits,
             return_softmax_lse, page_block_size,
-            seq_ids, out, check, k_scale, v_scale,
+            seq_ids, out, check, k_scale, v_scale, kv_cache_dtype,
         )
     return _with_kvcache_arrays(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
         rotary_interleaved, alibi_slopes, sinks, mm_prefix_ranges, num_splits,
         return_softmax_lse, page_block_size, out,
-        check, k_scale=k_scale, v_scale=v_scale)
+        check, k_scale=k_scale, v_scale=v_scale, kv_cache_dtype=kv_cache_dtype)
 
 
 def _with_kvcache_arrays(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
@@ -585,7 +595,7 @@ def _with_kvcache_arrays(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cach
                          mm_prefix_ranges, num_splits,
                          return_softmax_lse, page_block_size, out, check,
                          cache_names=("k_cache", "v_cache"), rotary_covers_capacity=True,
-                         k_scale=None, v_scale=None):
+                         k_scale=None, v_scale=None, kv_cache_dtype=None):
     """flash_attn_with_kvcache on arrays: the call cache, else full validation first.
     ``cache_names``: how errors name the caches (a PagedKVCache's pools).
     ``rotary_covers_capacity``: see _prepare_kvcache."""
@@ -597,7 +607,7 @@ def _with_kvcache_arrays(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cach
          cache_leftpad, block_table, alibi_slopes, sinks, mm_prefix_ranges, out),
         (lens_int, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits,
          return_softmax_lse, page_block_size, check, _default_check(), rotary_covers_capacity,
-         k_scale, v_scale),
+         k_scale, v_scale, kv_cache_dtype),
     )
     call = CALLS.get(key) if key is not None else None
     if call is None:
@@ -613,13 +623,13 @@ def _with_kvcache_arrays(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cach
             alibi_slopes, sinks, mm_prefix_ranges, num_splits, return_softmax_lse,
             page_block_size, out, check,
             cache_names=cache_names, rotary_covers_capacity=rotary_covers_capacity,
-            k_scale=k_scale, v_scale=v_scale,
+            k_scale=k_scale, v_scale=v_scale, kv_cache_dtype=kv_cache_dtype,
         )
         if key is not None:
             CALLS.put(key, call)
     return call.execute(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lens_array,
                         cache_batch_idx, cache_leftpad, block_table, alibi_slopes, sinks,
-                        mm_prefix_ranges, out)
+                        mm_prefix_ranges, out, k_scale, v_scale)
 
 
 def _prepare_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
@@ -628,7 +638,8 @@ def _prepare_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
                      mm_prefix_ranges, num_splits,
                      return_softmax_lse, page_block_size, out, check,
                      cache_names=("k_cache", "v_cache"),
-                     rotary_covers_capacity=True, k_scale=None, v_scale=None) -> KVCacheCall:
+                     rotary_covers_capacity=True, k_scale=None, v_scale=None,
+                     kv_cache_dtype=None) -> KVCacheCall:
     """Every check of flash_attn_with_kvcache -- the new k/v, rotary tables, ALiBi slopes and
     ``out`` included -- BEFORE anything is appended: a call that raises leaves the cache as it
     was.  Lowered to a KVCacheCall, whose execute() appends and attends.
@@ -639,7 +650,8 @@ def _prepare_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
     False and checks its host-side lengths instead -- its capacity is a private bucket."""
     xp, q, k_cache, v_cache, fp8 = _common_checks(q, k_cache, v_cache, 0.0, softmax_scale,
                                                   window_size, softcap, k_scale, v_scale,
-                                                  kv_names=cache_names)
+                                                  kv_names=cache_names,
+                                                  kv_cache_dtype=kv_cache_dtype)
     validate.num_splits(num_splits)
     full = _full_check(xp, check)
     validate.rank("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
@@ -725,7 +737,7 @@ def _prepare_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
     fields = dict(
         batch_size=B, seqlen_q=Sq, seqlen_k=capacity, max_seqlen_q=Sq, max_seqlen_k=capacity,
         page_block_size=P, seqused_k_add=S_new, num_splits=int(num_splits), **logits,
-        **_kv_scales(fp8, k_scale, v_scale, Hk),
+        **_kv_scales(fp8, k_scale, v_scale, Hk, xp, k_cache),
     )
     return KVCacheCall(
         xp, fields, H, D, return_softmax_lse, q_shape=tuple(q.shape),
@@ -756,7 +768,7 @@ def _kvcache_from_cache(cache, q, v_cache, k, v, rotary_cos, rotary_sin, cache_s
                         window_size, softcap, rotary_interleaved, alibi_slopes, sinks,
                         mm_prefix_ranges, num_splits,
                         return_softmax_lse, page_block_size, seq_ids, out, check,
-                        k_scale=None, v_scale=None):
+                        k_scale=None, v_scale=None, kv_cache_dtype=None):
     """flash_attn_with_kvcache on a PagedKVCache: reserve pages for the new tokens
     (CacheExhaustedError before anything changes), then run the ordinary paged call -- fully
     validated before it writes, and served from the call cache when repeated -- over one upload
@@ -765,7 +777,7 @@ def _kvcache_from_cache(cache, q, v_cache, k, v, rotary_cos, rotary_sin, cache_s
     _refuse_what_the_cache_supplies("k_cache", v_cache=v_cache, cache_seqlens=cache_seqlens,
                                     block_table=block_table, cache_batch_idx=cache_batch_idx,
                                     cache_leftpad=cache_leftpad, k_scale=k_scale,
-                                    v_scale=v_scale)
+                                    v_scale=v_scale, kv_cache_dtype=kv_cache_dtype)
     validate.page_block_size(page_block_size, cache.k_pages)
     seq_ids = list(cache.seq_ids) if seq_ids is None else list(seq_ids)
     q, k, v, rotary_cos, rotary_sin, alibi_slopes, sinks, mm_prefix_ranges, out = (
@@ -799,4 +811,4 @@ def _kvcache_from_cache(cache, q, v_cache, k, v, rotary_cos, rotary_sin, cache_s
             sinks, mm_prefix_ranges,
             num_splits, return_softmax_lse, None, out, check,
             cache_names=("cache.k_pages", "cache.v_pages"), rotary_covers_capacity=False,
-            k_scale=cache.k_scale, v_scale=cache.v_scale)
+            k_scale=cache.k_scale, v_scale=cache.v_scale, kv_cache_dtype=cache._kv_cache_dtype)

@@ -26,7 +26,7 @@ from .errors import (
     UnsupportedError,
     explain,
 )
-from .fp8 import FP8_DTYPES, FP8_NAMES, is_fp8, quantize, refuse_on_gpu, refuse_scales, scale_array
+from .fp8 import FP8_DTYPES, FP8_NAMES, device_scale, gpu_rules, is_fp8, quantize, refuse_scales
 from .validate import MAX_HEAD_DIM, gpu_head_dim, writable
 
 __all__ = ["PagedKVCache", "DecodeSteps"]
@@ -149,8 +149,8 @@ class PagedKVCache:
         head_dim: head dimension, D (1 .. 512; float64 on the GPU 1 .. 128).
         dtype: float16, bfloat16 (``ml_dtypes.bfloat16`` or ``"bfloat16"``), float32, float64,
             or an FP8 cache: ``ml_dtypes.float8_e4m3fn`` (``"fp8"``, ``"fp8_e4m3"``) or
-            ``float8_e5m2`` (``"fp8_e5m2"``), vLLM's ``kv_cache_dtype`` -- NumPy pools only so
-            far (the CUDA kernels do not read FP8 yet).
+            ``float8_e5m2`` (``"fp8_e5m2"``), vLLM's ``kv_cache_dtype``; on the GPU with a head
+            dim that is a multiple of 16 up to 256 and float16 / bfloat16 queries.
         k_scale, v_scale: an FP8 cache's scales, a float or float32 ``(Hk,)`` per kv head
             (default 1.0): :meth:`append` stores ``fp8(clip(k / k_scale))`` (saturating at the
             format's largest value) and attention through the cache reads
@@ -191,10 +191,10 @@ class PagedKVCache:
         self._xp = _array_library(xp)
         self._k_scale = self._v_scale = None
         if is_fp8(self._dtype):
-            if self._xp is not np:
-                refuse_on_gpu("dtype", self._dtype, "with xp=cupy")
-            self._k_scale = scale_array("k_scale", k_scale, int(num_heads_k))
-            self._v_scale = scale_array("v_scale", v_scale, int(num_heads_k))
+            if self._xp is not np:  # refused now, not at the first call after filling the pools
+                gpu_rules("head_dim", head_dim)
+            self._k_scale = device_scale("k_scale", k_scale, int(num_heads_k), self._xp)
+            self._v_scale = device_scale("v_scale", v_scale, int(num_heads_k), self._xp)
         else:
             refuse_scales(k_scale, v_scale, "scales belong to FP8 caches only",
                           f"None with dtype {dtype_name(self._dtype)}",
@@ -202,8 +202,12 @@ class PagedKVCache:
         # Refused here rather than at the first attention call, after the pools were filled.
         gpu_head_dim(head_dim, self._xp is not np, "head_dim", self._dtype)
         shape = (self._num_blocks, self._page_block_size, num_heads_k, head_dim)
-        self.k_pages = self._xp.zeros(shape, dtype=self._dtype)
-        self.v_pages = self._xp.zeros(shape, dtype=self._dtype)
+        # A float8 cache's format, handed to every call as kv_cache_dtype (None otherwise).
+        # CuPy has no float8 dtype: on the GPU the pools hold the float8 values' uint8 bytes.
+        self._kv_cache_dtype = self._dtype if is_fp8(self._dtype) else None
+        storage = np.uint8 if self._kv_cache_dtype is not None and self._xp is not np else self._dtype
+        self.k_pages = self._xp.zeros(shape, dtype=storage)
+        self.v_pages = self._xp.zeros(shape, dtype=storage)
         # A stack: pop() hands out pages 0, 1, 2... of a fresh pool in order, and the pages
         # freed last are reused first.
         self._free: list[int] = list(range(self._num_blocks - 1, -1, -1))
@@ -216,9 +220,12 @@ class PagedKVCache:
     page_block_size = property(lambda self: self._page_block_size, doc="Token rows per page (int).")
     num_heads_k = property(lambda self: int(self.k_pages.shape[2]), doc="KV heads (int).")
     head_dim = property(lambda self: int(self.k_pages.shape[3]), doc="Head dimension (int).")
-    dtype = property(lambda self: self._dtype, doc="Element type of the pools (numpy dtype).")
+    dtype = property(lambda self: self._dtype,
+                     doc="Element type of the pools (numpy dtype; a float8 format for an FP8 "
+                         "cache, whose GPU pools hold its uint8 bytes).")
     k_scale = property(lambda self: self._k_scale,
-                       doc="FP8 caches: the keys' float32 (Hk,) scales (None otherwise).")
+                       doc="FP8 caches: the keys' float32 (Hk,) scales, an array of the "
+                           "cache's library (None otherwise).")
     v_scale = property(lambda self: self._v_scale,
                        doc="FP8 caches: the values' float32 (Hk,) scales (None otherwise).")
     max_blocks_per_seq = property(lambda self: self._max_blocks_per_seq,
@@ -457,7 +464,7 @@ class PagedKVCache:
                 f"device {a.device.id}", f"copy it under `with cupy.cuda.Device({device}):`",
             )
         if is_fp8(self._dtype):  # new tokens in a float dtype, quantized by _scatter
-            if np.dtype(a.dtype) not in _FLOAT_DTYPES + (self._dtype,):
+            if np.dtype(a.dtype) not in _FLOAT_DTYPES + (self._dtype, self.k_pages.dtype):
                 raise explain(
                     DTypeError, name, "an FP8 cache takes new tokens as floats (quantized on "
                     "append) or already in its float8 format",
@@ -523,17 +530,33 @@ class PagedKVCache:
             _fill_table(table, seqs)
             lengths = np.array([s.length for s in seqs], dtype=np.int32)
             append_kv_paged(self.k_pages, self.v_pages, self._xp.asarray(table), k_new, v_new,
-                            self._xp.asarray(lengths))
+                            self._xp.asarray(lengths), k_scale=self._k_scale,
+                            v_scale=self._v_scale, kv_cache_dtype=self._kv_cache_dtype)
             return
         pages, slots = self._destinations(seqs, counts)
         # Dense (B, S_new, Hk, D) rows are already in (b, i) order: flatten to (total, Hk, D).
         k_rows = k_new.reshape(total, *k_new.shape[-2:])
         v_rows = v_new.reshape(total, *v_new.shape[-2:])
+        if self._xp is not np and is_fp8(self._dtype) and np.dtype(k_rows.dtype) in _FLOAT_DTYPES:
+            # Packed float rows into a float8 pool on the GPU: the quantizing append kernel, with
+            # each token as a sequence of one new row whose one-page table row is its page and
+            # whose length so far is its slot (position = slot < page_block_size).
+            from .rotary import append_kv_paged
+
+            xp = self._xp
+            append_kv_paged(self.k_pages, self.v_pages,
+                            xp.asarray(pages.astype(np.int32)[:, None]),
+                            k_rows[:, None], v_rows[:, None], xp.asarray(slots.astype(np.int32)),
+                            k_scale=self._k_scale, v_scale=self._v_scale,
+                            kv_cache_dtype=self._kv_cache_dtype)
+            return
         if is_fp8(self._dtype):
-            if np.dtype(k_rows.dtype) != self._dtype:
+            if np.dtype(k_rows.dtype) in _FLOAT_DTYPES:
                 k_rows = quantize(k_rows, self._k_scale, self._dtype)
-            if np.dtype(v_rows.dtype) != self._dtype:
+            if np.dtype(v_rows.dtype) in _FLOAT_DTYPES:
                 v_rows = quantize(v_rows, self._v_scale, self._dtype)
+            if np.dtype(self.k_pages.dtype) == np.uint8:  # GPU pools: bytes
+                k_rows, v_rows = k_rows.view(np.uint8), v_rows.view(np.uint8)
         pages, slots = self._xp.asarray(pages), self._xp.asarray(slots)
         self.k_pages[pages, slots] = k_rows
         self.v_pages[pages, slots] = v_rows

@@ -94,6 +94,10 @@ class AttentionProblem:
     # the keys are float(k) * k_scale[h], the values float(v) * v_scale[h].
     k_scale: Optional[Any] = None
     v_scale: Optional[Any] = None
+    # The float8 format (ml_dtypes float8_e4m3fn / float8_e5m2) of k / v given as uint8 bytes
+    # with kv_cache_dtype -- CuPy has no float8 dtype, so a GPU float8 cache is bytes -- or None
+    # (k / v then carry their own dtype, float8 ones included on NumPy).  See kv_float8.
+    kv_dtype: Optional[Any] = None
 
     # -- scheduling hints --------------------------------------------------------------------
     num_splits: int = 0  # split-KV factor for decode (0 = the backend chooses)
@@ -101,6 +105,16 @@ class AttentionProblem:
     @property
     def paged(self) -> bool:
         return self.block_table is not None
+
+    @property
+    def kv_float8(self):
+        """The float8 format k / v hold (their own float8 dtype, or ``kv_dtype`` for uint8
+        bytes), or None for 16/32/64-bit K/V."""
+        if self.kv_dtype is not None:
+            return np.dtype(self.kv_dtype)
+        from .fp8 import is_fp8
+
+        return np.dtype(self.k.dtype) if is_fp8(self.k.dtype) else None
 
     @property
     def num_heads(self) -> int:

@@ -21,6 +21,7 @@ import numpy as np
 from ._arrays import BFLOAT16, array_module, dtype_name
 from ._rules import page_and_row
 from .errors import BlockTableError, DTypeError, SeqlenError, ShapeError, explain
+from .fp8 import device_scale, is_fp8, kv_cache_format, quantize, refuse_scales
 from .validate import same_library
 
 __all__ = ["append_kv_contiguous", "append_kv_paged", "apply_rotary", "rotate_and_append"]
@@ -143,28 +144,36 @@ def _position_error(pos, seqlen_ro):
 # -- appending new keys/values ------------------------------------------------------------------
 
 
-def append_kv_contiguous(k_cache, v_cache, k_new, v_new, cache_seqlens, cache_batch_idx=None):
+def append_kv_contiguous(k_cache, v_cache, k_new, v_new, cache_seqlens, cache_batch_idx=None,
+                         *, k_scale=None, v_scale=None, kv_cache_dtype=None):
     """Write ``k_new[b, i]`` into ``k_cache[batch_idx[b], cache_seqlens[b] + i]`` (and the same for
     v), in place, with one vectorized scatter per cache.
 
     Args:
         k_cache, v_cache: ``(B_cache, S_cache, Hk, D)`` (v's head dim may differ from k's).
-        k_new, v_new: ``(B, S_new, Hk, D)``, the caches' dtypes.
+        k_new, v_new: ``(B, S_new, Hk, D)``, the caches' dtypes -- or, for a float8 cache, a
+            float dtype, quantized on the way in as ``fp8(clip(k_new / k_scale))`` (fp8.py).
         cache_seqlens: int ``(B,)`` tokens already cached per sequence (not updated here).
         cache_batch_idx: optional int ``(B,)``, the cache row of each sequence (default ``b``).
+        k_scale, v_scale: a float8 cache's scales (a float or float32 ``(Hk,)``; default 1).
+        kv_cache_dtype: the float8 format of a cache held as uint8 bytes ("fp8", "fp8_e5m2";
+            CuPy has no float8 dtype), as in the attention functions.
 
     Positions ``>= S_cache`` (or a batch index outside ``[0, B_cache)``) raise on NumPy and are
     dropped on CuPy.  Two sequences writing the same cache row and position is undefined.
     """
-    xp = _check_append(k_cache, v_cache, k_new, v_new, cache_seqlens, "k_cache", "v_cache")
+    xp, fmt = _check_append(k_cache, v_cache, k_new, v_new, cache_seqlens, "k_cache", "v_cache",
+                            k_scale, v_scale, kv_cache_dtype)
+    fp8 = _append_fp8(xp, fmt, k_cache, k_new, k_scale, v_scale)
     B, S_new = int(k_new.shape[0]), int(k_new.shape[1])
     B_cache, S_cache = int(k_cache.shape[0]), int(k_cache.shape[1])
     if xp is not np and cache_batch_idx is not None:
         same_library(k_cache=k_cache, cache_batch_idx=cache_batch_idx)
         _index("cache_batch_idx", cache_batch_idx, (B,), f"(B,) = ({B},), one row per sequence")
     if xp is not np and _kernel_append(xp, k_cache, v_cache, k_new, v_new, cache_seqlens, 1,
-                                       batch_idx=cache_batch_idx):
+                                       batch_idx=cache_batch_idx, fp8=fp8):
         return
+    k_new, v_new = _quantized(k_cache, k_new, v_new, fp8)
     if cache_batch_idx is None:
         rows = xp.arange(B, dtype=np.int64)
     else:
@@ -184,7 +193,8 @@ def append_kv_contiguous(k_cache, v_cache, k_new, v_new, cache_seqlens, cache_ba
     _scatter(xp, v_cache, rows, pos, row_ok & pos_ok, v_new)
 
 
-def append_kv_paged(k_pages, v_pages, block_table, k_new, v_new, cache_seqlens):
+def append_kv_paged(k_pages, v_pages, block_table, k_new, v_new, cache_seqlens, *, k_scale=None,
+                    v_scale=None, kv_cache_dtype=None):
     """Write ``k_new[b, i]`` to position ``p = cache_seqlens[b] + i`` of sequence ``b`` of a paged
     cache, i.e. row ``p % P`` of page ``block_table[b, p // P]`` (and the same for v), in place,
     with one vectorized scatter per pool.
@@ -194,13 +204,18 @@ def append_kv_paged(k_pages, v_pages, block_table, k_new, v_new, cache_seqlens):
             here; v's head dim may differ from k's).
         block_table: int ``(B, max_blocks_per_seq)`` page ids; only the entries the new tokens
             land in are read.
-        k_new, v_new: ``(B, S_new, Hk, D)``, the pools' dtypes.
+        k_new, v_new: ``(B, S_new, Hk, D)``, the pools' dtypes -- or, for float8 pools, a float
+            dtype, quantized on the way in (as :func:`append_kv_contiguous`).
         cache_seqlens: int ``(B,)`` tokens already cached per sequence (not updated here).
+        k_scale, v_scale, kv_cache_dtype: float8 pools' scales and format (as
+            :func:`append_kv_contiguous`).
 
     Positions ``>= max_blocks_per_seq * P`` and page ids outside ``[0, num_blocks)`` raise on
     NumPy (``SeqlenError`` / ``BlockTableError``) and are dropped on CuPy.
     """
-    xp = _check_append(k_pages, v_pages, k_new, v_new, cache_seqlens, "k_pages", "v_pages")
+    xp, fmt = _check_append(k_pages, v_pages, k_new, v_new, cache_seqlens, "k_pages", "v_pages",
+                            k_scale, v_scale, kv_cache_dtype)
+    fp8 = _append_fp8(xp, fmt, k_pages, k_new, k_scale, v_scale)
     B, S_new = int(k_new.shape[0]), int(k_new.shape[1])
     num_blocks, P = int(k_pages.shape[0]), int(k_pages.shape[1])
     same_library(k_pages=k_pages, block_table=block_table)
@@ -214,8 +229,9 @@ def append_kv_paged(k_pages, v_pages, block_table, k_new, v_new, cache_seqlens):
         )
     width = int(block_table.shape[1])
     if xp is not np and _kernel_append(xp, k_pages, v_pages, k_new, v_new, cache_seqlens, 2,
-                                       table=block_table, page_size=P):
+                                       table=block_table, page_size=P, fp8=fp8):
         return
+    k_new, v_new = _quantized(k_pages, k_new, v_new, fp8)
     pos = cache_seqlens.astype(np.int64)[:, None] + xp.arange(S_new, dtype=np.int64)[None, :]
     col, slots = page_and_row(pos, P)  # floor division: a negative position, a negative column
     pos_ok = (pos >= 0) & (col < width)
@@ -236,10 +252,30 @@ def _int32(xp, a):
 
 def _kernel_append(xp, k_cache, v_cache, k_new, v_new, seqlens, mode, *, batch_idx=None,
                    table=None, page_size=0, cos=None, sin=None, interleaved=False,
-                   plans=None) -> bool:
+                   plans=None, fp8=None) -> bool:
     """Append (and rotate k) with the fused CUDA kernel (kv_cache.cu); False when it does not
-    apply (dtype, layouts), so the caller falls back to the generic scatter."""
+    apply (dtype, layouts), so the caller falls back to the generic scatter.  ``fp8``:
+    (format, k_scale, v_scale) -- float32 (Hk,) device scales -- when float new tokens go into
+    a float8 cache (its uint8 bytes): the kernel is the GPU's only quantizing path, so it
+    always applies then (new tokens made contiguous, and k and v appended by one launch each
+    when the caches' layouts differ)."""
     if int(k_new.shape[1]) == 0 or int(k_new.shape[0]) == 0:
+        return True
+    from ._cuda.decode import rope_append
+
+    index = dict(mode=mode, seqlens=_int32(xp, seqlens), batch_idx=_int32(xp, batch_idx),
+                 table=_int32(xp, table), page_size=page_size, pos_per_token=True, plans=plans)
+    if fp8 is not None:
+        fmt, k_scale, v_scale = fp8
+        k_new, v_new = (_kernel_source(xp, a) for a in (k_new, v_new))
+        if k_cache.shape == v_cache.shape and k_cache.strides == v_cache.strides:
+            rope_append(k_new, k_cache, src2=v_new, dst2=v_cache, cos=cos, sin=sin,
+                        interleaved=interleaved, slot="kv", dst_format=fmt, dst_scale=k_scale,
+                        dst2_scale=v_scale, **index)
+        else:
+            rope_append(k_new, k_cache, cos=cos, sin=sin, interleaved=interleaved, slot="k",
+                        dst_format=fmt, dst_scale=k_scale, **index)
+            rope_append(v_new, v_cache, slot="v", dst_format=fmt, dst_scale=v_scale, **index)
         return True
     if np.dtype(k_cache.dtype) not in _KERNEL_DATA or np.dtype(v_cache.dtype) != np.dtype(k_cache.dtype):
         return False
@@ -247,18 +283,43 @@ def _kernel_append(xp, k_cache, v_cache, k_new, v_new, seqlens, mode, *, batch_i
         return False
     if any(a.strides[-1] != a.itemsize for a in (k_cache, v_cache, k_new, v_new)):
         return False
-    from ._cuda.decode import rope_append
-
-    rope_append(k_new, k_cache, src2=v_new, dst2=v_cache, mode=mode, seqlens=_int32(xp, seqlens),
-                batch_idx=_int32(xp, batch_idx), table=_int32(xp, table), page_size=page_size,
-                cos=cos, sin=sin, interleaved=interleaved, pos_per_token=True, plans=plans,
-                slot="kv")
+    rope_append(k_new, k_cache, src2=v_new, dst2=v_cache, cos=cos, sin=sin,
+                interleaved=interleaved, slot="kv", **index)
     return True
+
+
+def _kernel_source(xp, a):
+    """New tokens as the quantizing append reads them: a contiguous last dim, float64 as
+    float32 (fp8.quantize divides in float32 too, so the bits are the same)."""
+    if np.dtype(a.dtype) not in _KERNEL_DATA:
+        a = a.astype(np.float32)
+    return a if a.strides[-1] == a.itemsize else xp.ascontiguousarray(a)
+
+
+def _append_fp8(xp, fmt, cache, new, k_scale, v_scale):
+    """(format, k_scale, v_scale) -- the scales as float32 (Hk,) arrays of ``xp`` -- when
+    float tokens go into a float8 cache of format ``fmt``; None otherwise (a plain copy)."""
+    if fmt is None or is_fp8(new.dtype) or np.dtype(new.dtype) == np.uint8:
+        return None
+    hk = int(cache.shape[2])
+    return (fmt, device_scale("k_scale", k_scale, hk, xp), device_scale("v_scale", v_scale, hk, xp))
+
+
+def _quantized(cache, k_new, v_new, fp8):
+    """The generic (NumPy) path's new tokens as the cache stores them: quantized to the
+    float8 format (``fp8`` given), as bytes for a uint8 cache."""
+    if fp8 is None:
+        return k_new, v_new
+    fmt, k_scale, v_scale = fp8
+    k_new, v_new = quantize(k_new, k_scale, fmt), quantize(v_new, v_scale, fmt)
+    if np.dtype(cache.dtype) == np.uint8:
+        k_new, v_new = k_new.view(np.uint8), v_new.view(np.uint8)
+    return k_new, v_new
 
 
 def rotate_and_append(q, k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=None, sin=None,
                       interleaved=False, q_per_token=True, cache_batch_idx=None, block_table=None,
-                      plans=None, fp8_scales=None):
+                      plans=None, fp8=None):
     """flash_attn_with_kvcache's pre-attention step on CuPy in two kernel launches, no host sync:
     rotate q (positions ``cache_seqlens[b] + i`` when ``q_per_token``, else ``cache_seqlens[b]``)
     and, in one pass, rotate the new k at ``cache_seqlens[b] + i`` while writing it and v into the
@@ -266,8 +327,9 @@ def rotate_and_append(q, k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=N
     itself without tables).  Same values, bit for bit, as apply_rotary + append_kv_*; falls back
     to them where the kernel does not apply.  ``plans``: a dict in which a caller of fixed
     signature keeps the kernels' launch plans between calls (``_calls.KVCacheCall``).
-    ``fp8_scales``: (k_scale, v_scale) of a float8 cache (NumPy only): the rotated new k and v
-    are quantized into it (fp8.quantize, saturating)."""
+    ``fp8``: (format, k_scale, v_scale) of a float8 cache (its dtype or, as uint8 bytes, the
+    format; float32 (Hk,) scales of q's library): the rotated new k and v are quantized into it
+    (fp8.quantize, saturating; on CuPy inside the append kernel, bit for bit)."""
     xp = array_module(q)
     paged = block_table is not None
     fused = (
@@ -282,11 +344,7 @@ def rotate_and_append(q, k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=N
             q_pos = base + xp.arange(int(q.shape[1]), dtype=np.int32)[None, :] if q_per_token else \
                 xp.broadcast_to(base, tuple(q.shape[:2]))
             q, k_new = apply_rotary(q, cos, sin, q_pos, interleaved), apply_rotary(k_new, cos, sin, k_pos, interleaved)
-        if fp8_scales is not None:
-            from .fp8 import quantize
-
-            k_new = quantize(k_new, fp8_scales[0], k_cache.dtype)
-            v_new = quantize(v_new, fp8_scales[1], v_cache.dtype)
+        k_new, v_new = _quantized(k_cache, k_new, v_new, fp8)
         if paged:
             append_kv_paged(k_cache, v_cache, block_table, k_new, v_new, cache_seqlens)
         else:
@@ -304,7 +362,7 @@ def rotate_and_append(q, k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=N
     P = int(k_cache.shape[1]) if paged else 0
     if not _kernel_append(xp, k_cache, v_cache, k_new, v_new, seqlens, 2 if paged else 1,
                           batch_idx=cache_batch_idx, table=block_table, page_size=P,
-                          cos=cos, sin=sin, interleaved=interleaved, plans=plans):
+                          cos=cos, sin=sin, interleaved=interleaved, plans=plans, fp8=fp8):
         if cos is not None:
             base = seqlens[:, None]
             k_pos = base + xp.arange(int(k_new.shape[1]), dtype=np.int32)[None, :]
@@ -316,8 +374,12 @@ def rotate_and_append(q, k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=N
     return q
 
 
-def _check_append(k_cache, v_cache, k_new, v_new, cache_seqlens, k_name, v_name):
-    """Shapes, dtypes and library of an append; returns the array module."""
+def _check_append(k_cache, v_cache, k_new, v_new, cache_seqlens, k_name, v_name, k_scale=None,
+                  v_scale=None, kv_cache_dtype=None):
+    """Shapes, dtypes and library of an append; returns (the array module, the cache's float8
+    format or None).  New tokens have the cache's dtype, or a float dtype when the cache is
+    float8 -- its own dtype, or uint8 bytes of the format ``kv_cache_dtype`` names -- and are
+    then quantized with the scales, which only a float8 cache takes."""
     xp = same_library(**{k_name: k_cache, v_name: v_cache, "k_new": k_new, "v_new": v_new,
                          "cache_seqlens": cache_seqlens})
     for name, a in ((k_name, k_cache), (v_name, v_cache)):
@@ -327,16 +389,29 @@ def _check_append(k_cache, v_cache, k_new, v_new, cache_seqlens, k_name, v_name)
     _same_dims(v_name, v_cache, k_name, k_cache, slice(0, 3), "rows, positions and kv heads")
     _same_dims("v_new", v_new, "k_new", k_new, slice(0, 3), "batch, new tokens and kv heads")
     pairs = (("k_new", k_new, k_name, k_cache), ("v_new", v_new, v_name, v_cache))
+    fmt = kv_cache_format(kv_cache_dtype)
+    if fmt is None and is_fp8(k_cache.dtype):
+        fmt = np.dtype(k_cache.dtype)
     for new_name, new, cache_name, cache in pairs:
         _same_dims(new_name, new, cache_name, cache, slice(2, 4), "kv heads and head dim")
+        if fmt is not None and np.dtype(new.dtype) in _FLOAT_DTYPES:
+            continue  # quantized on the way in
         if np.dtype(new.dtype) != np.dtype(cache.dtype):
             raise explain(
                 DTypeError, new_name, f"must have {cache_name}'s dtype", dtype_name(cache.dtype),
                 dtype_name(new.dtype), f"cast with {new_name}.astype({cache_name}.dtype)",
             )
+    if fmt is None:
+        refuse_scales(k_scale, v_scale, "scales apply to float8 caches only",
+                      f"None with {k_name} of dtype {dtype_name(k_cache.dtype)}", "drop {name}")
+    elif np.dtype(k_new.dtype) != np.dtype(v_new.dtype):
+        raise explain(
+            DTypeError, "v_new", "must have k_new's dtype (both quantized, or both float8)",
+            dtype_name(k_new.dtype), dtype_name(v_new.dtype), "cast with v_new.astype(k_new.dtype)",
+        )
     B = int(k_new.shape[0])
     _index("cache_seqlens", cache_seqlens, (B,), f"(B,) = ({B},), one length per sequence")
-    return xp
+    return xp, fmt
 
 
 def _scatter(xp, dst, idx0, idx1, valid, src):
@@ -359,7 +434,7 @@ def _scatter(xp, dst, idx0, idx1, valid, src):
 
 
 def _bits_dtype(dtype):
-    return {2: np.uint16, 4: np.uint32, 8: np.uint64}[np.dtype(dtype).itemsize]
+    return {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[np.dtype(dtype).itemsize]
 
 
 @functools.cache

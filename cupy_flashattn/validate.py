@@ -18,7 +18,7 @@ import numbers
 import numpy as np
 
 from ._arrays import BFLOAT16, array_module, dtype_name
-from .fp8 import is_fp8, refuse_on_gpu, refuse_scales
+from .fp8 import gpu_rules, is_fp8, kv_cache_format, refuse_scales
 from .errors import (
     ArgumentError,
     BlockTableError,
@@ -168,26 +168,49 @@ def same_dtype(reference_name: str, reference, **arrays):
             )
 
 
-def kv_dtypes(q, k, v, xp, k_name: str = "k", v_name: str = "v", k_scale=None, v_scale=None):
-    """k and v have q's dtype -- or, for an FP8 cache (fp8.py), both the same float8 format,
-    read on the CPU backend only so far.  The scales apply to float8 k / v only."""
-    fp8_k, fp8_v = is_fp8(k.dtype), is_fp8(v.dtype)
+def kv_dtypes(q, k, v, xp, k_name: str = "k", v_name: str = "v", k_scale=None, v_scale=None,
+              kv_cache_dtype=None):
+    """k and v have q's dtype -- or they are a float8 cache (fp8.py): both in one float8
+    format, or both uint8 bytes of the format ``kv_cache_dtype`` names (vLLM's argument; the
+    GPU's only form, as CuPy has no float8 dtype), on the GPU within the float8 kernels' rules
+    (fp8.gpu_rules).  The scales apply to float8 k / v only.  Returns the float8 format, or
+    None for 16/32/64-bit K/V."""
+    fmt = kv_cache_format(kv_cache_dtype)
+    byte_k, byte_v = (np.dtype(a.dtype) == np.uint8 for a in (k, v))
+    if fmt is None and (byte_k or byte_v):
+        bad = k_name if byte_k else v_name
+        raise explain(
+            DTypeError, bad, "uint8 K/V are read as float8 bytes only when kv_cache_dtype names "
+            "their format", "kv_cache_dtype='fp8' (e4m3fn) or 'fp8_e5m2' with uint8 K/V",
+            "uint8 with kv_cache_dtype=None", f"pass kv_cache_dtype='fp8' (or 'fp8_e5m2') with "
+            f"{bad}, or cast it to q's dtype",
+        )
+    fp8_k, fp8_v = is_fp8(k.dtype) or byte_k, is_fp8(v.dtype) or byte_v
     if not (fp8_k or fp8_v):
         same_dtype("q", q, **{k_name: k, v_name: v})
         refuse_scales(k_scale, v_scale, "dequantization scales apply to float8 K/V only",
                       f"None with {k_name}/{v_name} of dtype {dtype_name(k.dtype)}",
                       "drop {name}, or pass float8 (ml_dtypes.float8_e4m3fn / float8_e5m2) K/V")
-        return False
-    if np.dtype(k.dtype) != np.dtype(v.dtype):
-        bad = v_name if fp8_k else k_name
-        raise explain(
-            DTypeError, bad, "an FP8 cache holds keys and values in the same float8 format",
-            dtype_name(k.dtype if fp8_k else v.dtype), dtype_name((v if fp8_k else k).dtype),
-            f"quantize {bad} to the same format (cupy_flashattn.fp8.quantize)",
-        )
+        if fmt is not None:
+            raise explain(
+                DTypeError, k_name, f"kv_cache_dtype={kv_cache_dtype!r} names float8 bytes",
+                "uint8 K/V (float8 bytes)", dtype_name(k.dtype),
+                "drop kv_cache_dtype, or pass the cache's uint8 bytes",
+            )
+        return None
+    if fmt is None:
+        fmt = np.dtype(k.dtype if fp8_k else v.dtype)
+    for name, a in ((k_name, k), (v_name, v)):
+        if np.dtype(a.dtype) not in (np.dtype(np.uint8), fmt):
+            raise explain(
+                DTypeError, name, "an FP8 cache holds keys and values in the same float8 format",
+                f"{dtype_name(fmt)} (or its uint8 bytes)", dtype_name(a.dtype),
+                f"quantize {name} to the same format (cupy_flashattn.fp8.quantize)",
+            )
     if xp is not np:
-        refuse_on_gpu(k_name, k.dtype, "as a CuPy array")
-    return True
+        for name, a in ((k_name, k), (v_name, v)):
+            gpu_rules(name, int(a.shape[-1]) if a.ndim else 0, q.dtype)
+    return fmt
 
 
 def index_array(name: str, a, xp, ndim: int, length=None):

@@ -1,6 +1,7 @@
 """FP8 K/V caches (vLLM's ``kv_cache_dtype="fp8"``): float8 e4m3fn / e5m2 pages with per-tensor
 or per-head scales, quantized with saturation on append, dequantized as attention reads them.
-CPU backend; the CUDA kernels refuse FP8 with a typed error.  The oracle is the float64
+CPU backend here (the GPU's float8 path: tests/gpu/test_gpu_fp8_api.py); the GPU's rules
+(head dims, 16-bit queries) are typed errors.  The oracle is the float64
 reference on K/V dequantized here, independently of the library (``float(x8) * scale``).
 """
 
@@ -13,6 +14,7 @@ import pytest
 import cupy_flashattn as fa
 from cupy_flashattn import errors, fp8
 from cupy_flashattn.reference import attention_ref
+from cupy_flashattn.rotary import append_kv_contiguous
 
 from helpers import BF16, assert_within_bound, cu_seqlens, raises_explained, randn
 
@@ -169,21 +171,75 @@ def test_fp8_mistakes_get_typed_errors():
         cache.append(seq, np.zeros((1, 1, 2, 64), np.int32), np.zeros((1, 1, 2, 64), np.int32))
 
 
-def test_fp8_on_the_gpu_is_refused_before_anything_is_allocated():
-    """The CUDA kernels do not read FP8 yet: a CuPy FP8 cache is refused at construction (the
-    check comes before the pools are allocated, so it needs no GPU)."""
+def test_fp8_gpu_cache_rules_are_checked_before_anything_is_allocated():
+    """The GPU's float8 kernels read whole 16-byte chunks up to head dim 256: a CuPy FP8 cache
+    of another head dim is refused at construction, before the pools are allocated (so the
+    check needs no GPU)."""
     cupy = pytest.importorskip("cupy")
-    with raises_explained(errors.UnsupportedError, "dtype", "CPU backend"):
-        fa.PagedKVCache(4, 16, 2, 64, "fp8", xp=cupy)
+    for d in (40, 59, 272):
+        with raises_explained(errors.UnsupportedError, "head_dim", "multiple of 16"):
+            fa.PagedKVCache(4, 16, 2, d, "fp8", xp=cupy)
+
+
+def test_fp8_gpu_rules_name_the_argument_and_the_fix():
+    with raises_explained(errors.UnsupportedError, "k", "multiple of 16"):
+        fp8.gpu_rules("k", 80 + 8, np.float16)
+    with raises_explained(errors.UnsupportedError, "q", "16-bit"):
+        fp8.gpu_rules("k", 128, np.float32)
+    fp8.gpu_rules("k", 128, BF16)  # allowed: no error
 
 
 @pytest.mark.gpu
-def test_fp8_cupy_arrays_are_refused():
+def test_fp8_cupy_arrays_outside_the_kernels_rules_are_refused():
     cupy = pytest.importorskip("cupy")
-    q = cupy.zeros((1, 4, 2, 64), np.float16)
+    q = cupy.zeros((1, 4, 2, 64), np.float32)
     try:
         k8 = cupy.zeros((1, 8, 2, 64), E4M3)
     except (ValueError, TypeError) as e:  # CuPy 13 has no float8 dtype: no such array exists
         pytest.skip(f"this CuPy cannot hold float8 arrays ({e})")
-    with raises_explained(errors.UnsupportedError, "k", "CPU backend"):
+    with raises_explained(errors.UnsupportedError, "q", "16-bit"):
         fa.flash_attn_func(q, k8, k8)
+    q40 = cupy.zeros((1, 4, 2, 40), np.float16)
+    k40 = cupy.zeros((1, 8, 2, 40), E4M3)
+    with raises_explained(errors.UnsupportedError, "k", "multiple of 16"):
+        fa.flash_attn_func(q40, k40, k40)
+
+
+def test_uint8_bytes_with_kv_cache_dtype_are_the_same_cache():
+    """vLLM's form (and the GPU's only one, CuPy having no float8 dtype): uint8 K/V holding
+    float8 bytes, with kv_cache_dtype naming the format -- the same answer as float8 arrays,
+    and the same bytes appended."""
+    rng = np.random.default_rng(21)
+    B, Sq, Sk, H, Hk, D = 2, 3, 50, 4, 2, 32
+    q = randn(rng, (B, Sq, H, D), BF16)
+    for name, dt in (("fp8", E4M3), ("fp8_e5m2", E5M2)):
+        ks = rng.uniform(0.01, 0.1, Hk).astype(np.float32)
+        k8 = fp8.quantize(randn(rng, (B, Sk, Hk, D), np.float32), ks, dt)
+        v8 = fp8.quantize(randn(rng, (B, Sk, Hk, D), np.float32), ks, dt)
+        want = fa.flash_attn_func(q, k8, v8, causal=True, k_scale=ks, v_scale=ks)
+        got = fa.flash_attn_func(q, k8.view(np.uint8), v8.view(np.uint8), causal=True,
+                                 k_scale=ks, v_scale=ks, kv_cache_dtype=name)
+        np.testing.assert_array_equal(got, want)
+
+        # Appends into byte pools store the bytes of the float8 pools' append.
+        k_new, v_new = randn(rng, (B, 2, Hk, D), BF16), randn(rng, (B, 2, Hk, D), BF16)
+        lens = np.array([10, 48], np.int32)
+        pools = [(k8.copy(), v8.copy()), (k8.view(np.uint8).copy(), v8.view(np.uint8).copy())]
+        append_kv_contiguous(*pools[0], k_new, v_new, lens, k_scale=ks, v_scale=ks)
+        append_kv_contiguous(*pools[1], k_new, v_new, lens, k_scale=ks, v_scale=ks,
+                                kv_cache_dtype=name)
+        np.testing.assert_array_equal(pools[1][0], pools[0][0].view(np.uint8))
+        np.testing.assert_array_equal(pools[1][1], pools[0][1].view(np.uint8))
+
+
+def test_kv_cache_dtype_mistakes_get_typed_errors():
+    rng = np.random.default_rng(4)
+    q = randn(rng, (1, 4, 2, 64), BF16)
+    k8 = randn(rng, (1, 8, 2, 64), np.float32).astype(E4M3).view(np.uint8)
+    with raises_explained(errors.DTypeError, "k", "kv_cache_dtype"):
+        fa.flash_attn_func(q, k8, k8)  # bytes without their format
+    with raises_explained(errors.ArgumentError, "kv_cache_dtype", "fp8_e5m2"):
+        fa.flash_attn_func(q, k8, k8, kv_cache_dtype="fp16")
+    kb = randn(rng, (1, 8, 2, 64), BF16)
+    with raises_explained(errors.DTypeError, "k", "uint8"):
+        fa.flash_attn_func(q, kb, kb, kv_cache_dtype="fp8")  # a format for 16-bit K/V

@@ -69,6 +69,37 @@ struct KvE5M2 {  // ml_dtypes.float8_e5m2
   }
 };
 
+// float32 -> float8 byte, for the append's quantization (kv_cache.cu; the host's
+// fp8.quantize, bit for bit): round to nearest even, saturating at the largest finite value
+// (kMaxCode; +-inf included), NaN -> NaN (0x7f with the sign: e4m3fn's NaN, an e5m2 NaN).
+// Integer code on every architecture: the append is memory-bound, and one path is one thing to
+// verify.  kMant mantissa bits, exponent bias kBias:
+//   - below the smallest normal 2^(1 - kBias), the float8 values are the multiples of
+//     2^(1 - kBias - kMant): scale by its inverse (exact, a power of two), round to an integer
+//     (RNE) -- that integer is the code, and 2^kMant lands on the smallest normal's code;
+//   - otherwise drop the float32's low 23 - kMant mantissa bits with RNE (add half - 1 plus the
+//     kept lsb; a carry moves into the exponent, as it should) and rebias the exponent.
+template <int kMant, int kBias, u32 kMaxCode>
+__device__ __forceinline__ u32 f32_to_fp8_bits(float f) {
+  const u32 bits = __float_as_uint(f);
+  const u32 sign = (bits >> 24) & 0x80u;
+  const u32 a = bits & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | 0x7fu;  // NaN
+  u32 code;
+  if (a < ((128u - kBias) << 23)) {  // |f| < 2^(1 - kBias): subnormal float8
+    const float steps = __uint_as_float(a) * __uint_as_float((126u + kBias + kMant) << 23);
+    code = (u32)__float2int_rn(steps);
+  } else {
+    const u32 r = a + ((1u << (22 - kMant)) - 1u) + ((a >> (23 - kMant)) & 1u);
+    code = (r >> (23 - kMant)) - ((127u - kBias) << kMant);
+  }
+  return sign | (code < kMaxCode ? code : kMaxCode);
+}
+// e4m3fn: 3 mantissa bits, bias 7, largest 448 = S.1111.110; e5m2: 2 bits, bias 15, largest
+// 57344 = S.11110.11.
+__device__ __forceinline__ u32 f32_to_e4m3(float f) { return f32_to_fp8_bits<3, 7, 0x7eu>(f); }
+__device__ __forceinline__ u32 f32_to_e5m2(float f) { return f32_to_fp8_bits<2, 15, 0x7bu>(f); }
+
 // Two float8 elements (the low 16 bits of `two`) as one word of the 16-bit type Elem (F16 or
 // Bf16 of sm80/mma.cuh): float16 directly; bfloat16 through float32 (exact both ways).
 template <class Elem, class Fmt>

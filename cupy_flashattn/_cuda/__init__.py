@@ -55,12 +55,11 @@ def route(problem):
     ``("mixed", limit)`` for a varlen batch whose sequences of at most ``limit`` queries go to
     the decode kernel and the rest to prefill (:func:`mixed_split`); else ``("prefill", None)``.
     The one place this choice is made (plans and :func:`describe_launches` both ask it)."""
-    from ..fp8 import is_fp8
     from .compile import is_precise, kernel_dtype_tag
 
     if is_precise(kernel_dtype_tag(problem.q.dtype)):
         return "prefill", None  # float32 / float64: one kernel for every query length
-    if is_fp8(problem.k.dtype):
+    if problem.kv_float8 is not None:
         return "decode", None  # float8 K/V: only the decode kernel reads them (any query length)
     if decode_applies(problem):
         return "decode", None

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..fp8 import is_fp8
 
 #: Windows wider than any sequence are clamped so `i + shift +- window` cannot overflow int32.
 WINDOW_CAP = 1 << 30
@@ -98,7 +97,7 @@ class Operands:
         self.head_dim = d = p.head_dim
         self.head_dim8 = d8 = -(-d // 8) * 8
         q, k, v, out = p.q, p.k, p.v, p.out
-        kv_fp8 = is_fp8(k.dtype)  # float8 K/V are read as stored (decode.kv_format)
+        kv_fp8 = p.kv_float8 is not None  # float8 K/V are read as stored (decode.kv_format)
         if d8 != d or q.dtype != compute_dtype:
             q = pad_last(q, d8, compute_dtype)
             if not kv_fp8:

@@ -107,7 +107,8 @@ ROPE_FIELDS = (
     ("const int*", "positions"), ("long long", "pos_b"), ("long long", "pos_s"),
     ("int", "pos_per_token"),
     ("int", "batch"), ("int", "seqlen"), ("int", "heads"), ("int", "head_dim"),
-    ("int", "elem_type"),
+    ("int", "elem_type"), ("int", "dst_type"),
+    ("const float*", "dst_scale"), ("const float*", "dst2_scale"),
 )  # fmt: skip
 
 COMBINE_NAME = "fa_decode_combine"
@@ -158,13 +159,14 @@ def decode_bucket(head_dim: int) -> int:
 
 
 def kv_format(kv_dtype, head_dim: int) -> str:
-    """DecodeKey.kv of K/V of ``kv_dtype``: "" (16-bit, the query's type), or the float8 format,
+    """DecodeKey.kv of K/V of ``kv_dtype`` (AttentionProblem.kv_float8: None or a 16-bit dtype
+    for K/V of the query's type): "", or the float8 format,
     which the kernels read for head dims that are a multiple of 16 up to 256 (whole 16-byte
     float8 chunks; buckets FP8_KV_BUCKETS).  Raises ValueError for other head dims (the front
     end's checks come first)."""
     from .. import fp8
 
-    if not fp8.is_fp8(kv_dtype):
+    if kv_dtype is None or not fp8.is_fp8(kv_dtype):
         return ""
     if head_dim % 16 or head_dim > FP8_KV_BUCKETS[-1]:
         raise ValueError(f"float8 K/V need head_dim a multiple of 16 up to {FP8_KV_BUCKETS[-1]}; "
@@ -334,7 +336,7 @@ def plan(problem: AttentionProblem, len_q_max=None, sm_count=None):
     ``sm_count``: SMs of the GPU the split heuristic fills (default: the current device's)."""
     p = problem
     dt = kernel_dtype_tag(p.q.dtype)
-    key = DecodeKey(dt, decode_bucket(p.head_dim), kv=kv_format(p.k.dtype, p.head_dim))
+    key = DecodeKey(dt, decode_bucket(p.head_dim), kv=kv_format(p.kv_float8, p.head_dim))
     g = p.num_heads // p.num_heads_k
     longest = int(p.max_seqlen_q) if len_q_max is None else min(int(p.max_seqlen_q), int(len_q_max))
     m_blocks = max(1, -(-longest * g // DECODE_ROWS))
@@ -545,7 +547,20 @@ def merge_states(out_a, lse_a, out_b, lse_b):
 
 #: Pointer fields of the rope/append kernel, rebound per call by a replayed plan.
 ROPE_POINTERS = ("src", "dst", "src2", "dst2", "seqlens", "batch_idx", "table", "cos", "sin",
-                 "positions")
+                 "positions", "dst_scale", "dst2_scale")
+
+#: kv_cache.cu's dst_type of a float8 destination (0: the source's type, no quantization).
+_FP8_DST_TYPE = {"e4m3": 4, "e5m2": 5}
+
+
+def _dst_type(dst_format) -> int:
+    """RopeAppendParams.dst_type: 0 for a dst of the source's type (``dst_format`` None), else
+    the code of its float8 format (dst then holds uint8 bytes)."""
+    from .. import fp8
+
+    if dst_format is None:
+        return 0
+    return _FP8_DST_TYPE["e4m3" if np.dtype(dst_format) == fp8.FLOAT8_E4M3FN else "e5m2"]
 
 
 class RopePlan:
@@ -553,13 +568,15 @@ class RopePlan:
     (B, S, H, D) (when cos/sin are given) into ``dst`` -- a dense (B, S, H, D) array (mode 0),
     a contiguous cache (B_cache, S_cache, H, D) (mode 1) or a page pool (num_blocks, P, H, D)
     (mode 2) -- and copy ``src2`` into ``dst2`` with the same mapping.  Out-of-range
-    destinations are dropped on the device.  Every array must have a contiguous last dim,
+    destinations are dropped on the device.  With ``dst_format`` (a float8 dtype; dst / dst2
+    then hold its uint8 bytes) they receive ``fp8(clip(x / scale[h]))`` with ``dst_scale`` /
+    ``dst2_scale`` ((H,) float32).  Every array must have a contiguous last dim,
     ``seqlens``/``batch_idx``/``table``/``positions`` int32 and ``sin`` the dtype of ``cos``
     (the caller adapts them: :func:`rope_append`)."""
 
     def __init__(self, src, dst, *, src2=None, dst2=None, mode=0, seqlens=None, batch_idx=None,
                  table=None, page_size=0, cos=None, sin=None, interleaved=False, positions=None,
-                 pos_per_token=True):
+                 pos_per_token=True, dst_format=None, dst_scale=None, dst2_scale=None):
         B, S, H, D = (int(x) for x in src.shape)
         self.empty = B * S * H == 0
         rot_half = seqlen_ro = cs_type = c_stride = s_stride = 0
@@ -584,6 +601,7 @@ class RopePlan:
             interleaved=1 if interleaved else 0,
             positions=positions, pos_b=pos_b, pos_s=pos_s, pos_per_token=1 if pos_per_token else 0,
             batch=B, seqlen=S, heads=H, head_dim=D, elem_type=_elem_code(src.dtype),
+            dst_type=_dst_type(dst_format), dst_scale=dst_scale, dst2_scale=dst2_scale,
         ))  # fmt: skip
         rows = B * S * H
         self.grid = (-(-rows // 4), 2 if src2 is not None else 1)
@@ -614,17 +632,19 @@ def rope_adapt(src, *, cos=None, sin=None, positions=None):
 
 def rope_append(src, dst, *, src2=None, dst2=None, mode=0, seqlens=None, batch_idx=None,
                 table=None, page_size=0, cos=None, sin=None, interleaved=False, positions=None,
-                pos_per_token=True, plans=None, slot=None):
+                pos_per_token=True, plans=None, slot=None, dst_format=None, dst_scale=None,
+                dst2_scale=None):
     """``fa_rope_append`` launch (see :class:`RopePlan`), adapting cos/sin/positions.  With
     ``plans`` (a dict owned by a cached call of fixed signature) the plan is made once under
     ``slot`` and replayed afterwards."""
     cos, sin, positions = rope_adapt(src, cos=cos, sin=sin, positions=positions)
     arrays = dict(src=src, dst=dst, src2=src2, dst2=dst2, seqlens=seqlens, batch_idx=batch_idx,
-                  table=table, cos=cos, sin=sin, positions=positions)
+                  table=table, cos=cos, sin=sin, positions=positions, dst_scale=dst_scale,
+                  dst2_scale=dst2_scale)
     plan = plans.get(slot) if plans is not None else None
     if plan is None:
         plan = RopePlan(page_size=page_size, mode=mode, interleaved=interleaved,
-                        pos_per_token=pos_per_token, **arrays)
+                        pos_per_token=pos_per_token, dst_format=dst_format, **arrays)
         if plans is not None:
             plans[slot] = plan
     plan.run(**arrays)

@@ -1,6 +1,7 @@
 """The decode kernel on float8 K/V (issue 16; flash_decode.cu with Kv = KvE4M3 / KvE5M2): the
-launcher below the front end (decode.run_decode), since the public API still refuses float8
-CuPy arrays until these tests have passed on a device.
+launcher below the front end (decode.run_decode); the public API's float8 path is
+tests/gpu/test_gpu_fp8_api.py.  K/V are uint8 CuPy arrays of float8 bytes with
+``problem.kv_dtype`` naming the format (CuPy has no float8 dtype).
 
 Oracle: the float64 attention of the *dequantized* cache (float(k8) * k_scale per kv head), with
 flash-attn's bound against the same attention computed naively in the query's 16-bit type on
@@ -48,9 +49,10 @@ def quantize_cache(problem, fmt, rng):
         amax = np.abs(x).reshape(-1, x.shape[-2], x.shape[-1]).max(axis=(0, 2))
         scale = (amax / limit * rng.uniform(1.0, 1.5, amax.shape)).astype(np.float32)
         x8 = np.clip(x / scale[:, None], -limit, limit).astype(dt)
-        setattr(problem, name, cupy.asarray(x8))
+        setattr(problem, name, cupy.asarray(x8.view(np.uint8)))  # CuPy has no float8 dtype
         setattr(problem, f"{name}_scale", cupy.asarray(scale))
         out[name] = x8.astype(np.float64) * scale[:, None]
+    problem.kv_dtype = np.dtype(dt)
     return problem, out["k"], out["v"]
 
 
@@ -61,7 +63,7 @@ def check_fp8(problem, k_deq, v_deq, num_splits=0):
     problem.num_splits = num_splits
     ref_p = copy.copy(problem)
     ref_p.k, ref_p.v = k_deq, v_deq
-    ref_p.k_scale = ref_p.v_scale = None
+    ref_p.k_scale = ref_p.v_scale = ref_p.kv_dtype = None
     ref, ref_lse = problem_ref(ref_p)
     naive_p = copy.copy(ref_p)
     q_dtype = cupy.asnumpy(problem.q).dtype
