@@ -208,18 +208,21 @@ def paged_cache(k, v, P):
 FP8_SCALE = 1.0 / 64
 
 
-def quantized(k, v):
-    """k / v (B, ctx, Hk, D) bf16 as float8 e4m3 bytes (uint8), through our quantizing append
-    (fp8(clip(x / FP8_SCALE)), the bytes fp8.quantize gives)."""
+def quantized(k, v, fmt="fp8"):
+    """k / v (B, ctx, Hk, D) bf16 as float8 bytes (uint8) of ``fmt`` ("fp8" = e4m3fn,
+    "fp8_e5m2"), through our quantizing append (fp8(clip(x / FP8_SCALE)), the bytes
+    fp8.quantize gives)."""
     from cupy_flashattn.rotary import append_kv_contiguous
 
     k8, v8 = cupy.empty(k.shape, np.uint8), cupy.empty(v.shape, np.uint8)
     append_kv_contiguous(k8, v8, k, v, cupy.zeros((k.shape[0],), np.int32), k_scale=FP8_SCALE,
-                         v_scale=FP8_SCALE, kv_cache_dtype="fp8")
+                         v_scale=FP8_SCALE, kv_cache_dtype=fmt)
     return k8, v8
 
 
-def decode_problem(q, kc, vc, seqlens, table, P, ctx):
+
+
+def decode_problem(q, kc, vc, seqlens, table, P, ctx, fmt="fp8"):
     """The AttentionProblem our front end would build for the decode call (kernel-only path)."""
     from cupy_flashattn import fp8
     from cupy_flashattn.problem import AttentionProblem
@@ -229,7 +232,7 @@ def decode_problem(q, kc, vc, seqlens, table, P, ctx):
     if kc.dtype == np.uint8:  # float8 bytes
         Hk = kc.shape[-2]
         scale = cupy.full((Hk,), FP8_SCALE, np.float32)
-        extra = dict(kv_dtype=fp8.FLOAT8_E4M3FN, k_scale=scale, v_scale=scale)
+        extra = dict(kv_dtype=fp8.FP8_NAMES[fmt], k_scale=scale, v_scale=scale)
     return AttentionProblem(**extra,
         q=q.reshape(B, H, D), k=kc if P else kc.reshape(B * ctx, -1, D),
         v=vc if P else vc.reshape(B * ctx, -1, D), out=cupy.empty((B, H, D), BF16),
@@ -238,20 +241,20 @@ def decode_problem(q, kc, vc, seqlens, table, P, ctx):
         block_table=table, page_block_size=P, softmax_scale=1 / np.sqrt(D), window_right=0)
 
 
-def measure_ours(timer, q, kc, vc, seqlens, table, P, ctx, n_b2b, ref):
+def measure_ours(timer, q, kc, vc, seqlens, table, P, ctx, n_b2b, ref, fmt="fp8"):
     """({measure: seconds}, extra row fields) of flash_attn_with_kvcache on one cache layout."""
     from cupy_flashattn._cuda import decode as dc
 
     kw = {} if table is None else dict(block_table=table)
     if kc.dtype == np.uint8:
-        kw.update(kv_cache_dtype="fp8", k_scale=FP8_SCALE, v_scale=FP8_SCALE)
+        kw.update(kv_cache_dtype=fmt, k_scale=FP8_SCALE, v_scale=FP8_SCALE)
 
     def ours():
         return fa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, causal=True, **kw)
 
     out = ours()
     err = NAN if ref is None else float(cupy.abs(out.astype(np.float32) - ref.astype(np.float32)).max())
-    prob = decode_problem(q, kc, vc, seqlens, table, P, ctx)
+    prob = decode_problem(q, kc, vc, seqlens, table, P, ctx, fmt)
     t, graph = measure_provider(timer, ours, lambda: dc.run_decode(prob),
                                 lambda: measure.cupy_graph(ours), n_b2b, "ours")  # fmt: skip
     graph_err = NAN if graph is None else graph_error(*graph, out)
@@ -298,11 +301,12 @@ def bench_shape(timer, copy_bw, shape, pages, kvs=("bf16",)):
     peers, ref = measure_peers(timer, q, k, v, n_b2b)
     rows = []
     for kv in kvs:
-        kk, vv = quantized(k, v) if kv == "fp8" else (k, v)
-        nbytes = kv_bytes // 2 if kv == "fp8" else kv_bytes
+        kk, vv = quantized(k, v, kv) if kv != "bf16" else (k, v)
+        nbytes = kv_bytes // 2 if kv != "bf16" else kv_bytes
         for P in pages:
             kc, vc, table = paged_cache(kk, vv, P) if P else (kk, vv, None)
-            ours, extra = measure_ours(timer, q, kc, vc, seqlens, table, P, ctx, n_b2b, ref)
+            ours, extra = measure_ours(timer, q, kc, vc, seqlens, table, P, ctx, n_b2b, ref,
+                                       kv if kv != "bf16" else "fp8")
             rows.append(make_row(shape, P, ours, extra, peers, nbytes, copy_bw, n_b2b, kv))
             if kv != "bf16":
                 base = [r for r in rows if r["kv"] == "bf16" and r["page"] == rows[-1]["page"]]
@@ -505,7 +509,7 @@ def main(argv=None):
     ap.add_argument("--pages", default=",".join(map(str, PAGES)),
                     help="cache layouts: 0 = contiguous, else the page size (default %(default)s)")
     ap.add_argument("--kv", default="bf16",
-                    help="K/V formats of our rows: bf16, fp8 (e4m3 bytes), e.g. bf16,fp8")
+                    help="K/V formats of our rows: bf16, fp8 (e4m3 bytes), fp8_e5m2; e.g. bf16,fp8")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     args = ap.parse_args(argv)

@@ -1,72 +1,67 @@
 // attn/fp8.cuh -- float8 K/V elements (vLLM's FP8 KV cache; cupy_flashattn/fp8.py on the host):
-// the formats and their exact conversion to the query's 16-bit type.
+// the formats, their exact conversion to float16 for the tensor cores, and the float32 -> float8
+// quantization of the append.
 //
 // A cache element is x8 = fp8(x / scale); the kernels read float(x8) and apply the scale
 // outside the element loop (keys: S *= k_scale; values: O *= v_scale), so a conversion is
-// exact: every e4m3 / e5m2 value is a float16 value, and the bfloat16 path goes through float32
-// (bf16 has e4m3's and e5m2's exponent ranges, and their 2 / 3 mantissa bits fit its 7).
+// exact and may carry a power-of-two factor of its own, folded into the scale (kF16Scale).
 //
-// Two elements at a time (the 16-bit halves of a word hold elements 2i, 2i + 1, as an
-// mma fragment pair does: pack(lo, hi) of sm80/mma.cuh):
-//   - sm_89 and later: cvt.rn.f16x2.{e4m3x2,e5m2x2}, one instruction;
-//   - sm_80 (no float8 instructions): integer bit moves.  e5m2 is the top byte of a float16
-//     (1 sign, 5 exponent, 2 mantissa bits: the same bias), so x8 << 8 is exact, infinities and
-//     NaNs included.  e4m3fn (bias 7, no infinities, NaN = S.1111.111): the sign to bit 15 and
-//     the other 7 bits to bits 7..13 make the float16 of x * 2^-8 (normal and subnormal alike,
-//     bias 15 = 7 + 8), times 256 exact in float32; 0x7f / 0xff become NaN explicitly.
+// The read conversion makes float16, two elements per 32-bit word (the 16-bit halves hold
+// elements 2i, 2i + 1, as an mma fragment pair does), in as few instructions as possible: the
+// decode kernel converts every element it reads, and its issue slots are what float8 decode
+// runs out of (stop 32, H100, B = 64 ctx 4096: 4 instructions per pair -- cvt to f16x2, two
+// f16 -> f32, a bf16x2 pack -- ran at 289 us; 6 integer ops per pair at 343 us; float16 math
+// lets one instruction per pair do it).
+//   - e5m2 (1 sign, 5 exponent, 2 mantissa bits, bias 15) IS a float16's top byte: one PRMT
+//     moving each byte to the top of its half gives x itself, infinities and NaNs included.
+//   - e4m3fn on sm_89+: cvt.rn.f16x2.e4m3x2, x itself (kF16Scale 1).  On sm_80 (no float8
+//     instructions): after the PRMT, the 7 magnitude bits shifted right by one under the sign
+//     make the float16 of x * 2^-8, normal and subnormal alike (bias 15 = 7 + 8), exact
+//     (kF16Scale 256); the NaN code S.1111.111 came out as 480 * 2^-8 and is restored.
 #pragma once
 #include "../common.cuh"
 
 namespace fa {
 
-// sm_89+: cvt.rn.f16x2.{e4m3x2, e5m2x2} of the low 16 bits of `two` (the lower byte to the
-// lower half).
-template <bool kE4M3>
-__device__ __forceinline__ u32 fp8x2_to_f16x2_cvt(u32 two) {
+// The two bytes of the low half of `two`, each moved to the top byte of a 16-bit half:
+// (b0 << 8) | (b1 << 24).
+__device__ __forceinline__ u32 spread_bytes(u32 two) {
   u32 r;
-  if constexpr (kE4M3)
-    asm("{ .reg .b16 t; cvt.u16.u32 t, %1; cvt.rn.f16x2.e4m3x2 %0, t; }" : "=r"(r) : "r"(two));
-  else
-    asm("{ .reg .b16 t; cvt.u16.u32 t, %1; cvt.rn.f16x2.e5m2x2 %0, t; }" : "=r"(r) : "r"(two));
+  asm("prmt.b32 %0, %1, 0, 0x1404;" : "=r"(r) : "r"(two));
   return r;
 }
 
-// K/V element formats of the decode kernel (its Kv template parameter).
+// K/V element formats of the decode kernel (its Kv template parameter).  to_f16x2: the float16
+// pair of (x0, x1) * 2^-log2(kF16Scale), exact; kF16Scale multiplies the dequantization scale.
 struct KvSame {  // K/V in the query's 16-bit type: no conversion
   static constexpr int kBytes = 2;
 };
 struct KvE4M3 {  // ml_dtypes.float8_e4m3fn
   static constexpr int kBytes = 1;
-  __device__ __forceinline__ static u32 to_f16x2(u32 two) {  // the low 16 bits of `two`
 #if __CUDA_ARCH__ >= 890
-    return fp8x2_to_f16x2_cvt<true>(two);
+  static constexpr float kF16Scale = 1.f;
+  __device__ __forceinline__ static u32 to_f16x2(u32 two) {  // the low 16 bits of `two`
+    u32 r;
+    asm("{ .reg .b16 t; cvt.u16.u32 t, %1; cvt.rn.f16x2.e4m3x2 %0, t; }" : "=r"(r) : "r"(two));
+    return r;
+  }
 #else
-    return soft_half(two & 0xffu) | (soft_half((two >> 8) & 0xffu) << 16);
+  static constexpr float kF16Scale = 256.f;
+  __device__ __forceinline__ static u32 to_f16x2(u32 two) {  // the low 16 bits of `two`
+    const u32 t = spread_bytes(two);
+    const u32 mag = t & 0x7f007f00u;                // each half's 7 magnitude bits, at 8..14
+    const u32 h = (t & 0x80008000u) | (mag >> 1);   // float16 of x * 2^-8 per half
+    // NaN (magnitude 0x7f) came out as 480 * 2^-8 = 0x3f80: +0x0100 carries into bit 15 of
+    // exactly those halves, and that bit shifted to 14 completes a float16 NaN (0x7f80).
+    const u32 nan = (mag + 0x01000100u) & 0x80008000u;
+    return h | (nan >> 1);
+  }
 #endif
-  }
-
- private:
-  // float16 bits of one e4m3fn byte b (sm_80 path).
-  __device__ __forceinline__ static u32 soft_half(u32 b) {
-    if ((b & 0x7fu) == 0x7fu) return 0x7e00u | ((b & 0x80u) << 8);  // NaN, sign kept
-    const u32 scaled = ((b & 0x7fu) << 7) | ((b & 0x80u) << 8);    // float16 of x * 2^-8
-    float f;
-    asm("{ .reg .b16 h; cvt.u16.u32 h, %1; cvt.f32.f16 %0, h; }" : "=f"(f) : "r"(scaled));
-    f *= 256.f;  // exact
-    u32 h;
-    asm("{ .reg .b16 t; cvt.rn.f16.f32 t, %1; cvt.u32.u16 %0, t; }" : "=r"(h) : "f"(f));
-    return h;
-  }
 };
 struct KvE5M2 {  // ml_dtypes.float8_e5m2
   static constexpr int kBytes = 1;
-  __device__ __forceinline__ static u32 to_f16x2(u32 two) {  // the low 16 bits of `two`
-#if __CUDA_ARCH__ >= 890
-    return fp8x2_to_f16x2_cvt<false>(two);
-#else
-    return ((two & 0xffu) << 8) | ((two & 0xff00u) << 16);
-#endif
-  }
+  static constexpr float kF16Scale = 1.f;
+  __device__ __forceinline__ static u32 to_f16x2(u32 two) { return spread_bytes(two); }
 };
 
 // float32 -> float8 byte, for the append's quantization (kv_cache.cu; the host's
@@ -99,20 +94,5 @@ __device__ __forceinline__ u32 f32_to_fp8_bits(float f) {
 // 57344 = S.11110.11.
 __device__ __forceinline__ u32 f32_to_e4m3(float f) { return f32_to_fp8_bits<3, 7, 0x7eu>(f); }
 __device__ __forceinline__ u32 f32_to_e5m2(float f) { return f32_to_fp8_bits<2, 15, 0x7bu>(f); }
-
-// Two float8 elements (the low 16 bits of `two`) as one word of the 16-bit type Elem (F16 or
-// Bf16 of sm80/mma.cuh): float16 directly; bfloat16 through float32 (exact both ways).
-template <class Elem, class Fmt>
-__device__ __forceinline__ u32 fp8x2_to(u32 two) {
-  const u32 h2 = Fmt::to_f16x2(two);
-  if constexpr (Elem::kIsF16) {
-    return h2;
-  } else {
-    float lo, hi;
-    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }"
-        : "=f"(lo), "=f"(hi) : "r"(h2));
-    return Elem::pack(lo, hi);
-  }
-}
 
 }  // namespace fa

@@ -32,10 +32,13 @@
 //
 // FP8 K/V (Kv = KvE4M3 / KvE5M2, attn/fp8.cuh; head dims 64 / 128 / 256, a multiple of 16):
 // the ring holds the float8 rows as read (half the bytes of a 16-bit tile), and each warp
-// converts a landed tile into a 16-bit staging tile of the same layout as KvSame's ring slot,
-// which the unchanged ldmatrix / mma code then reads.  The dequantization scales of the kv head
-// (k_scale, v_scale: one float per kv head, vLLM's x = float(x8) * scale) multiply S before the
-// logit transform and O at the end.
+// converts a landed tile (integer ops, exact) into a float16 staging tile of the same layout as
+// KvSame's ring slot, which the unchanged ldmatrix / mma code then reads.  The tensor cores run
+// in float16 whatever the query type -- float16 holds every float8 value exactly -- so
+// bfloat16 queries are rescaled to float16 once per CTA, a power of two per row (below).  The
+// dequantization scales of the kv head (k_scale, v_scale: one float per kv head, vLLM's
+// x = float(x8) * scale, times the conversion's own power of two) multiply S before the logit
+// transform and O at the end.
 #include "../attn/block_info.cuh"
 #include "../attn/fp8.cuh"
 #include "../attn/mask.cuh"
@@ -102,10 +105,67 @@ struct DecodeSmem {
 
 __device__ __forceinline__ u32 lane_id() { return threadIdx.x & 31; }
 
+template <bool kFirst, class A, class B>
+struct Choose {
+  using type = A;
+};
+template <class A, class B>
+struct Choose<false, A, B> {
+  using type = B;
+};
+
+// Float8 K/V with bfloat16 queries (the tensor cores run in float16): each of the CTA's 16 Q
+// rows in shared memory is rewritten in place as float16 of q * 2^-e, e per row such that the
+// row's largest |q| lands in [2^14, 2^15) -- exact for every element above 2^-24 of the row's
+// largest, past bfloat16's 8 bits -- and 2^e (which S's row must be multiplied by) goes to
+// `row_factor`.  16 rows x 8 threads, kD / 8 elements per thread; NaN / inf elements stay NaN /
+// inf (they do not move e).
+template <int kD, int kRowBytes>
+__device__ __forceinline__ void q_bf16_to_f16_rows(u32 q_smem, float* row_factor) {
+  constexpr int kPer = kD / 8;
+  const int r = threadIdx.x / 8, part = threadIdx.x % 8;
+  const u32 base = q_smem + r * kRowBytes + part * kPer * 2;
+  u32 w[kPer / 2];
+#pragma unroll
+  for (int i = 0; i < kPer / 8; ++i) {
+    u32 v[4];
+    ld_shared_v4(v, base + 16 * i);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w[4 * i + k] = v[k];
+  }
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPer / 2; ++i)
+    amax = fmaxf(amax, fmaxf(fabsf(__uint_as_float(w[i] << 16)),
+                             fabsf(__uint_as_float(w[i] & 0xffff0000u))));
+#pragma unroll
+  for (int m = 1; m < 8; m *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+  int e = 0;
+  if (amax > 0.f && amax < pos_inf()) {
+    frexpf(amax, &e);  // amax = m 2^e, m in [0.5, 1)
+    e = max(-100, min(100, e - 15));
+  }
+  const float f = ldexpf(1.f, -e);
+#pragma unroll
+  for (int i = 0; i < kPer / 8; ++i) {
+    u32 v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float lo = __uint_as_float(w[4 * i + k] << 16) * f;
+      const float hi = __uint_as_float(w[4 * i + k] & 0xffff0000u) * f;
+      asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(v[k]) : "f"(hi), "f"(lo));
+    }
+    st_shared_v4(base + 16 * i, v);
+  }
+  if (part == 0) row_factor[r] = ldexpf(1.f, e);
+}
+
 template <int kD, typename Elem, class Kv = KvSame>
 __device__ void flash_decode(const DecodeParams& dp) {
   using Sm = DecodeSmem<kD, Kv::kBytes>;
   constexpr bool kFp8 = Kv::kBytes == 1;
+  // The tensor-core type: the query's, or float16 for float8 K/V (see the file comment).
+  using Mma = typename Choose<kFp8, F16, Elem>::type;
   constexpr int kStages = DecodeTraits<kD>::kStages;
   constexpr int kChunks = kD / 8;  // 16-byte chunks per row (bucket width)
   constexpr int kChunks8 = kD / 16;  // 16-byte chunks per float8 row
@@ -152,9 +212,12 @@ __device__ void flash_decode(const DecodeParams& dp) {
   const int n_mine = t_end - t_begin > warp ? ceil_div(t_end - t_begin - warp, kDecodeWarps) : 0;
 
   const i64 kv_head_off = (i64)hk * p.k_head_stride;
-  // Float8 K/V: this kv head's dequantization scales (null: 1).
-  const float k_scale = kFp8 && dp.k_scale != nullptr ? dp.k_scale[hk] : 1.f;
-  const float v_scale = kFp8 && dp.v_scale != nullptr ? dp.v_scale[hk] : 1.f;
+  // Float8 K/V: this kv head's dequantization scales (null: 1), times the conversion's factor.
+  float k_scale = 1.f, v_scale = 1.f;
+  if constexpr (kFp8) {
+    k_scale = (dp.k_scale != nullptr ? dp.k_scale[hk] : 1.f) * Kv::kF16Scale;
+    v_scale = (dp.v_scale != nullptr ? dp.v_scale[hk] : 1.f) * Kv::kF16Scale;
+  }
   const u32 q_smem = smem_u32(smem);
   const u32 ring = q_smem + Sm::kQBytes + warp * Sm::kWarpBytes;
 
@@ -260,6 +323,16 @@ __device__ void flash_decode(const DecodeParams& dp) {
   // Q is shared by all warps: wait for its group (the oldest) and publish it.
   cp_async_wait<kStages - 1>();
   __syncthreads();
+  // S's factor per accumulator row (ra, ra + 8): the float8 key scale, and for bfloat16 queries
+  // the power of two their float16 rows were scaled by.
+  float s_factor[2] = {k_scale, k_scale};
+  if constexpr (kFp8 && !Elem::kIsF16) {
+    __shared__ float row_factor[kDecodeRows];
+    q_bf16_to_f16_rows<kD, Sm::kRowBytes>(q_smem, row_factor);
+    __syncthreads();
+    s_factor[0] *= row_factor[ra];
+    s_factor[1] *= row_factor[ra + 8];
+  }
 
   // ---- Main loop over this warp's tiles. ---------------------------------------------------
   for (int j = 0; j < n_mine; ++j) {
@@ -284,10 +357,10 @@ __device__ void flash_decode(const DecodeParams& dp) {
           ld_shared_v4(w, (kv ? vs : ks) + r * Sm::kRowBytes8 + c * 16);
 #pragma unroll
           for (int q = 0; q < 2; ++q) {
-            lo[2 * q] = fp8x2_to<Elem, Kv>(w[q]);
-            lo[2 * q + 1] = fp8x2_to<Elem, Kv>(w[q] >> 16);
-            hi[2 * q] = fp8x2_to<Elem, Kv>(w[2 + q]);
-            hi[2 * q + 1] = fp8x2_to<Elem, Kv>(w[2 + q] >> 16);
+            lo[2 * q] = Kv::to_f16x2(w[q]);
+            lo[2 * q + 1] = Kv::to_f16x2(w[q] >> 16);
+            hi[2 * q] = Kv::to_f16x2(w[2 + q]);
+            hi[2 * q + 1] = Kv::to_f16x2(w[2 + q] >> 16);
           }
           const u32 dst = (kv ? stage_v : stage_k) + r * Sm::kRowBytes + c * 32;
           st_shared_v4(dst, lo);
@@ -311,15 +384,15 @@ __device__ void flash_decode(const DecodeParams& dp) {
         u32 qa[4], kb[4];
         ldmatrix_x4(qa, q_smem + lrow + kk * 32);
         ldmatrix_x4(kb, ks + lrow + kk * 32);
-        Elem::mma(s[0][0], qa, kb[0], kb[2]);  // keys 0-7
-        Elem::mma(s[0][1], qa, kb[1], kb[3]);  // keys 8-15
+        Mma::mma(s[0][0], qa, kb[0], kb[2]);  // keys 0-7
+        Mma::mma(s[0][1], qa, kb[1], kb[3]);  // keys 8-15
       }
     }
-    if constexpr (kFp8) {  // Q (K8 k_scale)^T
+    if constexpr (kFp8) {  // Q (K8 k_scale)^T, row by row (s_factor)
 #pragma unroll
       for (int n = 0; n < 2; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[0][n][e] *= k_scale;
+        for (int e = 0; e < 4; ++e) s[0][n][e] *= s_factor[e >> 1];
     }
 
     // The logit variant and the mask, each row at its own query index, then online softmax.
@@ -330,18 +403,18 @@ __device__ void flash_decode(const DecodeParams& dp) {
 
     // O += P V: the S accumulators of keys 0-7 / 8-15 are the A fragment of P (16 x 16).
     u32 pa[4];
-    pa[0] = Elem::pack(s[0][0][0], s[0][0][1]);
-    pa[1] = Elem::pack(s[0][0][2], s[0][0][3]);
-    pa[2] = Elem::pack(s[0][1][0], s[0][1][1]);
-    pa[3] = Elem::pack(s[0][1][2], s[0][1][3]);
+    pa[0] = Mma::pack(s[0][0][0], s[0][0][1]);
+    pa[1] = Mma::pack(s[0][0][2], s[0][0][3]);
+    pa[2] = Mma::pack(s[0][1][0], s[0][1][1]);
+    pa[3] = Mma::pack(s[0][1][2], s[0][1][3]);
     const u32 lrow_v = (lane & 15) * Sm::kRowBytesV + (lane >> 4) * 16;  // = lrow unless V-split
 #pragma unroll
     for (int dd = 0; dd < kDV / 16; ++dd) {
       if (dd * 16 < hd_v) {
         u32 vb[4];
         ldmatrix_x4_trans(vb, vs + lrow_v + dd * 32);
-        Elem::mma(o[0][2 * dd], pa, vb[0], vb[1]);
-        Elem::mma(o[0][2 * dd + 1], pa, vb[2], vb[3]);
+        Mma::mma(o[0][2 * dd], pa, vb[0], vb[1]);
+        Mma::mma(o[0][2 * dd + 1], pa, vb[2], vb[3]);
       }
     }
     __syncwarp();  // every lane is done reading this slot before it is refilled

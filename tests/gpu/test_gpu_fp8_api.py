@@ -281,3 +281,25 @@ def test_float8_cache_refuses_what_its_kernels_cannot_read():
         fa.flash_attn_with_kvcache(q32, cache, None, k=cupy.zeros((1, 1, 2, 64), np.float32),
                                    v=cupy.zeros((1, 1, 2, 64), np.float32), seq_ids=[seq])
     assert int(cache.seqlens([seq])[0]) == 0  # the refused call appended nothing
+
+
+@pytest.mark.parametrize("magnitude", [2.0 ** 20, 2.0 ** -24])
+def test_bfloat16_queries_outside_float16s_range(magnitude):
+    """The float8 kernels multiply in float16 (which holds every float8 value exactly); bfloat16
+    queries are rescaled to float16 per row by a power of two.  Queries far above float16's
+    largest value (65504) or below its smallest normal (2^-14) must come out as accurately as
+    ordinary ones (softmax_scale brings the logits back to the usual range)."""
+    rng = np.random.default_rng(13)
+    B, Sq, Sk, H, Hk, D = 2, 3, 200, 8, 2, 128
+    dt8 = FORMATS["fp8"]
+    scale = np.full(Hk, 1.0 / 64, np.float32)
+    k8 = fp8.quantize(randn(rng, (B, Sk, Hk, D), np.float32), scale, dt8)
+    v8 = fp8.quantize(randn(rng, (B, Sk, Hk, D), np.float32), scale, dt8)
+    q = (randn(rng, (B, Sq, H, D), np.float32) * magnitude).astype(BF16)
+    softmax_scale = 1.0 / (magnitude * np.sqrt(D))
+    out = fa.flash_attn_func(cupy.asarray(q), cupy.asarray(k8.view(np.uint8)),
+                             cupy.asarray(v8.view(np.uint8)), softmax_scale=softmax_scale,
+                             causal=True, k_scale=1.0 / 64, v_scale=1.0 / 64, kv_cache_dtype="fp8")
+    ref, _, naive = ref_naive(q, dequant(k8, scale), dequant(v8, scale), causal=True,
+                              softmax_scale=softmax_scale)
+    assert_within_bound(out, ref, naive, BF16)
