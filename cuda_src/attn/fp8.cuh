@@ -23,16 +23,21 @@
 
 namespace fa {
 
-// The two bytes of the low half of `two`, each moved to the top byte of a 16-bit half:
-// (b0 << 8) | (b1 << 24).
-__device__ __forceinline__ u32 spread_bytes(u32 two) {
+// Bytes 2h, 2h + 1 of `w`, each moved to the top byte of a 16-bit half: (b0 << 8) | (b1 << 24)
+// for kHalf 0, (b2 << 8) | (b3 << 24) for kHalf 1 (one PRMT either way).
+template <int kHalf>
+__device__ __forceinline__ u32 spread_bytes(u32 w) {
   u32 r;
-  asm("prmt.b32 %0, %1, 0, 0x1404;" : "=r"(r) : "r"(two));
+  if constexpr (kHalf == 0) asm("prmt.b32 %0, %1, 0, 0x1404;" : "=r"(r) : "r"(w));
+  else asm("prmt.b32 %0, %1, 0, 0x3424;" : "=r"(r) : "r"(w));
   return r;
 }
 
-// K/V element formats of the decode kernel (its Kv template parameter).  to_f16x2: the float16
-// pair of (x0, x1) * 2^-log2(kF16Scale), exact; kF16Scale multiplies the dequantization scale.
+// K/V element formats of the decode kernel (its Kv template parameter).  to_f16x2<h>: the
+// float16 pair of bytes 2h, 2h + 1 of a word, times 2^-log2(kF16Scale), exact; kF16Scale
+// multiplies the dequantization scale.  Taking the half by template (not by a shift of the
+// word) lets the conversion select it for free: a shift per pair was ~1 in 8 instructions of
+// the float8 tile loop.
 struct KvSame {  // K/V in the query's 16-bit type: no conversion
   static constexpr int kBytes = 2;
 };
@@ -40,15 +45,20 @@ struct KvE4M3 {  // ml_dtypes.float8_e4m3fn
   static constexpr int kBytes = 1;
 #if __CUDA_ARCH__ >= 890
   static constexpr float kF16Scale = 1.f;
-  __device__ __forceinline__ static u32 to_f16x2(u32 two) {  // the low 16 bits of `two`
+  template <int kHalf>
+  __device__ __forceinline__ static u32 to_f16x2(u32 w) {
     u32 r;
-    asm("{ .reg .b16 t; cvt.u16.u32 t, %1; cvt.rn.f16x2.e4m3x2 %0, t; }" : "=r"(r) : "r"(two));
+    if constexpr (kHalf == 0)
+      asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, l; }" : "=r"(r) : "r"(w));
+    else
+      asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, h; }" : "=r"(r) : "r"(w));
     return r;
   }
 #else
   static constexpr float kF16Scale = 256.f;
-  __device__ __forceinline__ static u32 to_f16x2(u32 two) {  // the low 16 bits of `two`
-    const u32 t = spread_bytes(two);
+  template <int kHalf>
+  __device__ __forceinline__ static u32 to_f16x2(u32 w) {
+    const u32 t = spread_bytes<kHalf>(w);
     const u32 mag = t & 0x7f007f00u;                // each half's 7 magnitude bits, at 8..14
     const u32 h = (t & 0x80008000u) | (mag >> 1);   // float16 of x * 2^-8 per half
     // NaN (magnitude 0x7f) came out as 480 * 2^-8 = 0x3f80: +0x0100 carries into bit 15 of
@@ -61,7 +71,8 @@ struct KvE4M3 {  // ml_dtypes.float8_e4m3fn
 struct KvE5M2 {  // ml_dtypes.float8_e5m2
   static constexpr int kBytes = 1;
   static constexpr float kF16Scale = 1.f;
-  __device__ __forceinline__ static u32 to_f16x2(u32 two) { return spread_bytes(two); }
+  template <int kHalf>
+  __device__ __forceinline__ static u32 to_f16x2(u32 w) { return spread_bytes<kHalf>(w); }
 };
 
 // float32 -> float8 byte, for the append's quantization (kv_cache.cu; the host's

@@ -72,17 +72,23 @@ struct DecodeParams {
 // is 16 rows x D fp32 (D / 2 per lane), too many registers above 256, so kVSplits CTAs share each
 // (tile, kv head, sequence), each computing S over the whole head dim and O for its
 // kD / kVSplits columns of V (blockIdx.y = hk * kVSplits + chunk).  K is read kVSplits times.
+// kMinBlocksFp8: CTAs per SM of the float8 kernel (DecodeSmem<kD, 1>; 0: none is built).  Its
+// ring holds half the bytes, so D = 128 fits 3 CTAs (71 KB each) where the 16-bit kernel fits
+// 2: 12 warps per SM hide the per-tile latency that bounds float8 decode (stop 32, H100: at 2
+// CTAs the float8 kernel read 1.8 TB/s, 0.6 of copy, with conversion no longer the limit).
 template <int kD> struct DecodeTraits;
 struct DecodeTraitsBase { static constexpr int kVSplits = 1; };
-template <> struct DecodeTraits<64> : DecodeTraitsBase { static constexpr int kStages = 4, kMinBlocks = 3; };  // 78 KB/CTA
-template <> struct DecodeTraits<128> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 2; };  // 109 KB/CTA
-template <> struct DecodeTraits<256> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 1; };  // 211 KB/CTA
+template <> struct DecodeTraits<64> : DecodeTraitsBase { static constexpr int kStages = 4, kMinBlocks = 3, kMinBlocksFp8 = 4; };  // 78 KB/CTA; float8 44 KB
+template <> struct DecodeTraits<128> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 2, kMinBlocksFp8 = 3; };  // 109 KB/CTA; float8 71 KB
+template <> struct DecodeTraits<256> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 1, kMinBlocksFp8 = 1; };  // 211 KB/CTA; float8 140 KB
 // 2 stages: 3 would pass the 227 KB limit (384: 234 KB).  512: 212 KB/CTA; 384: 160 KB/CTA.
-template <> struct DecodeTraits<384> { static constexpr int kStages = 2, kMinBlocks = 1, kVSplits = 2; };
-template <> struct DecodeTraits<512> { static constexpr int kStages = 2, kMinBlocks = 1, kVSplits = 2; };
+template <> struct DecodeTraits<384> { static constexpr int kStages = 2, kMinBlocks = 1, kMinBlocksFp8 = 0, kVSplits = 2; };
+template <> struct DecodeTraits<512> { static constexpr int kStages = 2, kMinBlocks = 1, kMinBlocksFp8 = 0, kVSplits = 2; };
 
 // kKvBytes: bytes per K/V element (2; 1 for float8: each warp's ring then holds float8 rows,
-// padded to kD + 16 bytes, and after it one 16-bit K and V staging tile of the 2-byte layout).
+// unpadded -- the 8 lanes of one phase of a 16-byte-per-lane access cover 128 contiguous
+// bytes, every bank once -- and after it one 16-bit staging tile of the 2-byte layout, which
+// holds the tile's K, then its V).
 template <int kD, int kKvBytes = 2>
 struct DecodeSmem {
   static constexpr int kDV = kD / DecodeTraits<kD>::kVSplits;  // V / O columns of a CTA
@@ -91,11 +97,12 @@ struct DecodeSmem {
   static constexpr int kTileBytes = kDecodeTileN * kRowBytes;
   static constexpr int kTileBytesV = kDecodeTileN * kRowBytesV;
   static constexpr int kQBytes = kDecodeRows * kRowBytes;
-  static constexpr int kRowBytes8 = kD + 16;  // float8 K / V rows in the ring
+  static constexpr int kRowBytes8 = kD;  // float8 K / V rows in the ring
   static constexpr int kRingTileBytes = kKvBytes == 2 ? kTileBytes : kDecodeTileN * kRowBytes8;
   static constexpr int kRingTileBytesV = kKvBytes == 2 ? kTileBytesV : kDecodeTileN * kRowBytes8;
   static constexpr int kStageBytes = kRingTileBytes + kRingTileBytesV;  // K then V
-  static constexpr int kStagingBytes = kKvBytes == 2 ? 0 : kTileBytes + kTileBytesV;
+  static constexpr int kStagingBytes =
+      kKvBytes == 2 ? 0 : (kTileBytes > kTileBytesV ? kTileBytes : kTileBytesV);
   static constexpr int kWarpBytes = DecodeTraits<kD>::kStages * kStageBytes + kStagingBytes;
   static constexpr int kMergeRow = kDV + 8;  // floats per row of the cross-warp merge buffer
   static constexpr int kMergeBytes = kDecodeWarps * kDecodeRows * kMergeRow * 4;
@@ -160,6 +167,31 @@ __device__ __forceinline__ void q_bf16_to_f16_rows(u32 q_smem, float* row_factor
   if (part == 0) row_factor[r] = ldexpf(1.f, e);
 }
 
+// Float8 decode: one landed 16-row K or V tile of float8 rows (ring slot `src`, rows of
+// kRowBytes8) -> the warp's float16 staging tile (the 2-byte ring layout with rows of
+// kRowBytes, which ldmatrix reads), 16 elements per 16-byte chunk; zero-filled rows and columns
+// stay 0.  Ends with __syncwarp: the tile is complete for every lane.
+template <class Kv, int kChunks8, int kRowBytes8, int kRowBytes>
+__device__ __forceinline__ void stage_fp8_tile(u32 src, u32 staging, int lane) {
+#pragma unroll
+  for (int i = 0; i < kChunks8 / 2; ++i) {
+    const int idx = lane + 32 * i, r = idx / kChunks8, c = idx % kChunks8;
+    u32 w[4], lo[4], hi[4];
+    ld_shared_v4(w, src + r * kRowBytes8 + c * 16);
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      lo[2 * q] = Kv::template to_f16x2<0>(w[q]);
+      lo[2 * q + 1] = Kv::template to_f16x2<1>(w[q]);
+      hi[2 * q] = Kv::template to_f16x2<0>(w[2 + q]);
+      hi[2 * q + 1] = Kv::template to_f16x2<1>(w[2 + q]);
+    }
+    const u32 dst = staging + r * kRowBytes + c * 32;
+    st_shared_v4(dst, lo);
+    st_shared_v4(dst + 16, hi);
+  }
+  __syncwarp();
+}
+
 template <int kD, typename Elem, class Kv = KvSame>
 __device__ void flash_decode(const DecodeParams& dp) {
   using Sm = DecodeSmem<kD, Kv::kBytes>;
@@ -171,6 +203,9 @@ __device__ void flash_decode(const DecodeParams& dp) {
   constexpr int kChunks8 = kD / 16;  // 16-byte chunks per float8 row
   constexpr int kVSplits = DecodeTraits<kD>::kVSplits, kDV = Sm::kDV, kChunksV = kDV / 8;
   static_assert(!kFp8 || (kVSplits == 1 && kD % 32 == 0), "float8 K/V: head dims 64 / 128 / 256");
+  // kMinBlocksFp8 CTAs (each with ~1 KB reserved and ~0.7 KB static) fit an sm_90 SM's 228 KB.
+  static_assert(!kFp8 || DecodeTraits<kD>::kMinBlocksFp8 * (Sm::kBytes + 2048) <= 228 * 1024,
+                "float8 decode: kMinBlocksFp8 CTAs do not fit one SM");
   const FwdParams& p = dp.f;
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float s_m[kDecodeWarps][kDecodeRows], s_l[kDecodeWarps][kDecodeRows];
@@ -344,32 +379,10 @@ __device__ void flash_decode(const DecodeParams& dp) {
     cp_async_wait<kStages - 1>();  // tile j has landed (this lane's copies) ...
     __syncwarp();                  // ... and every lane's copies are visible to the warp
     u32 ks = ring + (j % kStages) * Sm::kStageBytes, vs = ks + Sm::kRingTileBytes;
+    const u32 staging = ring + kStages * Sm::kStageBytes;  // float8: the float16 tile
     if constexpr (kFp8) {
-      // Float8 rows -> the warp's 16-bit staging tiles (the 2-byte ring layout), 16 elements
-      // per chunk; zero-filled rows and columns stay 0.
-      const u32 stage_k = ring + kStages * Sm::kStageBytes, stage_v = stage_k + Sm::kTileBytes;
-#pragma unroll
-      for (int i = 0; i < kChunks8 / 2; ++i) {
-        const int idx = lane + 32 * i, r = idx / kChunks8, c = idx % kChunks8;
-#pragma unroll
-        for (int kv = 0; kv < 2; ++kv) {
-          u32 w[4], lo[4], hi[4];
-          ld_shared_v4(w, (kv ? vs : ks) + r * Sm::kRowBytes8 + c * 16);
-#pragma unroll
-          for (int q = 0; q < 2; ++q) {
-            lo[2 * q] = Kv::to_f16x2(w[q]);
-            lo[2 * q + 1] = Kv::to_f16x2(w[q] >> 16);
-            hi[2 * q] = Kv::to_f16x2(w[2 + q]);
-            hi[2 * q + 1] = Kv::to_f16x2(w[2 + q] >> 16);
-          }
-          const u32 dst = (kv ? stage_v : stage_k) + r * Sm::kRowBytes + c * 32;
-          st_shared_v4(dst, lo);
-          st_shared_v4(dst + 16, hi);
-        }
-      }
-      __syncwarp();  // the staging tiles are complete
-      ks = stage_k;
-      vs = stage_v;
+      stage_fp8_tile<Kv, kChunks8, Sm::kRowBytes8, Sm::kRowBytes>(ks, staging, lane);
+      ks = staging;
     }
     const int t = tile_of(j);
 
@@ -400,6 +413,12 @@ __device__ void flash_decode(const DecodeParams& dp) {
     xform.apply(s, [&](int, int h) { return qi[h]; }, [&](int, int h) { return slope[h]; }, col0);
     mask_fragment(s, [&](int, int h, int& lo, int& hi) { lo = first[h]; hi = last[h]; }, col0, 0u);
     softmax.update(s, o, c);  // s now holds P
+
+    if constexpr (kFp8) {  // V replaces K in the staging tile once every lane has read K
+      __syncwarp();
+      stage_fp8_tile<Kv, kChunks8, Sm::kRowBytes8, Sm::kRowBytes>(vs, staging, lane);
+      vs = staging;
+    }
 
     // O += P V: the S accumulators of keys 0-7 / 8-15 are the A fragment of P (16 x 16).
     u32 pa[4];

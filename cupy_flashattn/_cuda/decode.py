@@ -136,7 +136,8 @@ class DecodeKey:
 
     @property
     def min_blocks(self) -> int:
-        return decode_facts()[self.head_dim]["kMinBlocks"]
+        """CTAs per SM the kernel is built for (__launch_bounds__; the float8 kernel's own)."""
+        return decode_facts()[self.head_dim]["kMinBlocksFp8" if self.kv else "kMinBlocks"]
 
     @property
     def v_splits(self) -> int:
@@ -293,11 +294,15 @@ def decode_len_q_limit(num_heads: int, num_heads_k: int) -> int:
 
 
 def num_splits_heuristic(ctas: int, max_seqlen_k: int, num_sms: int, ctas_per_sm: int = 1,
-                         max_splits: int = 128, min_keys: int = 256) -> int:
+                         max_splits: int = 128, min_keys: int = 256,
+                         balance_waves: bool = False) -> int:
     """flash-attn's rule: no split when the grid already fills ~80% of the SM slots; else the
-    fewest splits whose wave efficiency is >= 85% of the best, with >= min_keys keys each."""
+    fewest splits whose wave efficiency is >= 85% of the best, with >= min_keys keys each.
+    ``balance_waves``: no early exit for a full grid -- a grid of 1.3 waves also splits (the
+    float8 kernel, 3 CTAs per SM: B = 64, 8 kv heads is 512 CTAs on 396 slots, whose second
+    wave ran at a third of the SM slots; H100, stop 32)."""
     slots = max(1, num_sms * ctas_per_sm)
-    if ctas <= 0 or ctas >= 0.8 * slots:
+    if ctas <= 0 or (ctas >= 0.8 * slots and not balance_waves):
         return 1
     cap = max(1, min(max_splits, -(-int(max_seqlen_k) // min_keys)))
     if cap == 1:
@@ -350,7 +355,8 @@ def plan(problem: AttentionProblem, len_q_max=None, sm_count=None):
             import cupy
 
             sm_count = _sm_count(cupy.cuda.Device().id)
-        splits = num_splits_heuristic(ctas, int(p.max_seqlen_k), sm_count, key.min_blocks)
+        splits = num_splits_heuristic(ctas, int(p.max_seqlen_k), sm_count, key.min_blocks,
+                                      balance_waves=bool(key.kv))
     splits = max(1, min(splits, 256))
     return key, m_blocks, splits
 
