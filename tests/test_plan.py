@@ -316,3 +316,27 @@ def test_float8_kv_plans_the_float8_decode_kernel():
     p8.k = p8.v = np.zeros((16, 16, 8, 72), fp8.FLOAT8_E4M3FN)
     with pytest.raises(ValueError, match="multiple of 16"):
         dc.plan(p8, sm_count=H100_SMS)
+
+
+def test_float8_bytes_plan_like_float8_arrays_and_their_splits_balance_waves():
+    """uint8 K/V with ``kv_dtype`` (a GPU float8 cache: CuPy has no float8 dtype) plan the same
+    float8 kernel as float8 arrays.  The float8 kernel runs 3 CTAs per SM at D = 128, so
+    B = 64 x 8 kv heads (512 CTAs) is 1.3 waves of an H100's 396 slots: it is split to balance
+    the waves, where the 16-bit kernel (264 slots, 1.94 waves) is not."""
+    import copy
+
+    from cupy_flashattn import fp8
+
+    p = _problem(B=64, max_q=1, max_k=4096, H=32, Hk=8, D=128, paged=True, dtype=np.float16)
+    p8 = copy.copy(p)
+    p8.k = p8.v = np.zeros(p.k.shape, np.uint8)
+    p8.kv_dtype = fp8.FLOAT8_E4M3FN
+    assert p8.kv_float8 == fp8.FLOAT8_E4M3FN and p.kv_float8 is None
+    key, m_blocks, splits = dc.plan(p8, sm_count=H100_SMS)
+    assert key.name == "fa_decode_f16_d128_kve4m3" and key.min_blocks == 3
+    assert m_blocks * 8 * 64 == 512 and splits == 2
+    assert dc.plan(p, sm_count=H100_SMS)[2] == 1
+    assert dc.num_splits_heuristic(512, 4096, H100_SMS, 3) == 1  # flash-attn's rule: full grid
+    assert dc.num_splits_heuristic(512, 4096, H100_SMS, 3, balance_waves=True) == 2
+    # A grid that is already close to whole waves stays unsplit.
+    assert dc.num_splits_heuristic(396 * 2, 4096, H100_SMS, 3, balance_waves=True) == 1
