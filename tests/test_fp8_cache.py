@@ -243,3 +243,30 @@ def test_kv_cache_dtype_mistakes_get_typed_errors():
     kb = randn(rng, (1, 8, 2, 64), BF16)
     with raises_explained(errors.DTypeError, "k", "uint8"):
         fa.flash_attn_func(q, kb, kb, kv_cache_dtype="fp8")  # a format for 16-bit K/V
+
+
+def test_kv_cache_format_names_vllms_values():
+    assert fp8.kv_cache_format(None) is None and fp8.kv_cache_format("auto") is None
+    assert fp8.kv_cache_format("fp8") == E4M3 and fp8.kv_cache_format("fp8_e4m3") == E4M3
+    assert fp8.kv_cache_format("fp8_e5m2") == E5M2
+    assert fp8.kv_cache_format(ml_dtypes.float8_e5m2) == E5M2
+    for bad in ("fp16", "e4m3", np.float16, 8):
+        with raises_explained(errors.ArgumentError, "kv_cache_dtype", "fp8"):
+            fp8.kv_cache_format(bad)
+
+
+def test_scale_binding_on_numpy_fixes_per_head_arrays_once():
+    """On the CPU backend every scale is fixed at validation: a float, None (= 1), a (1,) or
+    (Hk,) float32 array all become float32 (Hk,) arrays with the given values."""
+    b = fp8.ScaleBinding(0.5, None, 3, np)
+    got = b.arrays(None, None)
+    np.testing.assert_array_equal(got["k_scale"], np.full(3, 0.5, np.float32))
+    np.testing.assert_array_equal(got["v_scale"], np.ones(3, np.float32))
+    per_head = np.array([0.1, 0.2, 0.3], np.float32)
+    b = fp8.ScaleBinding(per_head, np.array([2.0], np.float32), 3, np)
+    got = b.arrays(None, None)
+    np.testing.assert_array_equal(got["k_scale"], per_head)
+    np.testing.assert_array_equal(got["v_scale"], np.full(3, 2.0, np.float32))
+    assert got["k_scale"].dtype == np.float32
+    with raises_explained(errors.ShapeError, "k_scale", "per kv head"):
+        fp8.ScaleBinding(np.ones(2, np.float32), None, 3, np)
