@@ -21,6 +21,7 @@ import numpy as np
 
 from . import rotary as rotary_ops
 from .errors import UnsupportedError, explain
+from .fp8 import storage_format
 from .problem import AttentionProblem
 
 __all__ = ["DenseCall", "VarlenCall", "KVCacheCall"]
@@ -151,11 +152,6 @@ class _Call:
         """The kernels' (H, B * Sq) LSE as flash-attn's (B, H, Sq)."""
         B, Sq = self.q_shape[0], self.q_shape[1]
         return self.xp.ascontiguousarray(lse.reshape(self.H, B, Sq).transpose(1, 0, 2))
-
-    def _kv_format(self, k):
-        """The float8 format of k: the one its uint8 bytes hold (``kv_dtype``), or its dtype."""
-        fmt = self.fields.get("kv_dtype")
-        return k.dtype if fmt is None else fmt
 
     def _scales(self, k_scale, v_scale) -> dict:
         """The AttentionProblem's k_scale / v_scale of this execution ({} unless float8)."""
@@ -290,8 +286,8 @@ class KVCacheCall(_Call):
                 plans=self.rope_plans,
                 # A float8 cache (its dtype, or the format of its uint8 bytes): the new k / v
                 # are quantized on append (fp8.py).
-                fp8=(self._kv_format(k_cache), scales["k_scale"], scales["v_scale"])
-                if scales else None,
+                fp8=(storage_format(k_cache.dtype, self.fields.get("kv_dtype")),
+                     scales["k_scale"], scales["v_scale"]) if scales else None,
             )
         lse = self._lse_buffer(self.q_rows[0], self.return_lse, q.dtype)
         result = self._run_token_rows(q, k_cache, v_cache, out, lse, self.k_cache_rows, **arrays)

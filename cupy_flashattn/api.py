@@ -220,10 +220,15 @@ def flash_attn_func(
             range, later ones too (bidirectional image tokens inside a causal prompt); all
             else keeps the causal / window mask.  CPU backend for now (CuPy arrays get an
             UnsupportedError).
-        k_scale, v_scale: with float8 k / v (``ml_dtypes.float8_e4m3fn`` / ``float8_e5m2``,
-            vLLM's FP8 KV cache): the dequantization scales, keys ``float(k) * k_scale`` -- a
-            float or float32 ``(Hk,)`` per kv head, default 1.0.  CPU backend for now (see
+        k_scale, v_scale: with float8 k / v (vLLM's FP8 KV cache): the dequantization scales,
+            keys ``float(k) * k_scale`` -- a float or float32 ``(Hk,)`` per kv head, default
+            1.0; a CuPy float32 array is read on the device at every call (see
             :mod:`cupy_flashattn.fp8`).
+        kv_cache_dtype: vLLM's name for the float8 format of uint8 k / v bytes: "fp8" (=
+            "fp8_e4m3", ``ml_dtypes.float8_e4m3fn``) or "fp8_e5m2"; None / "auto" for k / v of
+            their own dtype (NumPy float8 arrays need none).  CuPy has no float8 dtype, so a
+            GPU float8 cache is always bytes; the GPU reads it for float16 / bfloat16 queries
+            and head dims that are multiples of 16 up to 256.
         deterministic: accepted for compatibility (the forward pass is deterministic).
         return_attn_probs: returns ``(out, softmax_lse, None)`` like flash-attn (no probs).
         return_softmax_lse: returns ``(out, softmax_lse)``; LSE is ``(B, H, Sq)`` float32
@@ -358,8 +363,8 @@ def flash_attn_varlen_func(
         seqused_k: int32 ``(B,)``: use only the first ``seqused_k[b]`` keys of sequence b.
         seq_ids: with a PagedKVCache as ``k``: which of its sequences, in batch order.
         alibi_slopes: float32 ``(H,)`` or ``(B, H)``.  out: optional ``(total_q, H, D)`` buffer.
-        k_scale, v_scale: a float8 k / v's scales (:func:`flash_attn_func`); a float8
-            PagedKVCache supplies its own.
+        k_scale, v_scale, kv_cache_dtype: a float8 k / v's scales and format
+            (:func:`flash_attn_func`); a float8 PagedKVCache supplies its own.
         Other arguments as :func:`flash_attn_func`; the LSE is ``(H, total_q)``.
         max_seqlen_k is a hint (it may be None with a PagedKVCache); max_seqlen_q sizes the grid
         and must bound every query length (checked on NumPy and with ``check=True``).
@@ -554,9 +559,10 @@ def flash_attn_with_kvcache(
         Other arguments as :func:`flash_attn_func`; the LSE is ``(B, H, Sq)``.
 
         seq_ids: with a PagedKVCache as ``k_cache``: which of its sequences, in batch order.
-        k_scale, v_scale: a float8 cache's scales (:func:`flash_attn_func`); the new k / v (in
-            q's dtype) are appended as ``fp8(clip(k / k_scale))``, saturating at the format's
-            largest value.  A float8 PagedKVCache supplies its own.
+        k_scale, v_scale, kv_cache_dtype: a float8 cache's scales and format
+            (:func:`flash_attn_func`); the new k / v (in q's dtype) are appended as
+            ``fp8(clip(k / k_scale))``, saturating at the format's largest value.  A float8
+            PagedKVCache supplies its own.
 
     The keys of sequence b are cache positions ``[cache_leftpad[b], cache_seqlens[b] + S_new)``;
     the Sq queries are the last Sq of them for the mask (usually Sq == S_new: each new token

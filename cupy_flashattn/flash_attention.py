@@ -61,28 +61,31 @@ class FlashAttention:
                     mm_prefix_ranges=self.mm_prefix_ranges, check=self.check)
 
     def __call__(self, q, k, v, *, return_softmax_lse=False, out=None, k_scale=None,
-                 v_scale=None):
+                 v_scale=None, kv_cache_dtype=None):
         """Dense attention (:func:`~cupy_flashattn.flash_attn_func`) with this configuration
-        (``k_scale`` / ``v_scale``: float8 k / v's scales, per call like the arrays)."""
+        (``k_scale`` / ``v_scale`` / ``kv_cache_dtype``: a float8 k / v's scales and format,
+        per call like the arrays)."""
         return api.flash_attn_func(q, k, v, return_softmax_lse=return_softmax_lse, out=out,
-                                   k_scale=k_scale, v_scale=v_scale, **self._options())
+                                   k_scale=k_scale, v_scale=v_scale,
+                                   kv_cache_dtype=kv_cache_dtype, **self._options())
 
     def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                block_table=None, *, seqused_k=None, seq_ids=None, return_softmax_lse=False,
-               out=None, k_scale=None, v_scale=None):
+               out=None, k_scale=None, v_scale=None, kv_cache_dtype=None):
         """Varlen / paged attention (:func:`~cupy_flashattn.flash_attn_varlen_func`)."""
         return api.flash_attn_varlen_func(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             block_table=block_table, page_block_size=self._page_size_for(block_table, k),
             seqused_k=seqused_k, seq_ids=seq_ids, return_softmax_lse=return_softmax_lse,
-            out=out, k_scale=k_scale, v_scale=v_scale, **self._options(),
+            out=out, k_scale=k_scale, v_scale=v_scale, kv_cache_dtype=kv_cache_dtype,
+            **self._options(),
         )
 
     def with_kvcache(self, q, k_cache, v_cache=None, k=None, v=None, *, rotary_cos=None,
                      rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
                      cache_leftpad=None, block_table=None, rotary_interleaved=True,
                      num_splits=0, seq_ids=None, return_softmax_lse=False, out=None,
-                     k_scale=None, v_scale=None):
+                     k_scale=None, v_scale=None, kv_cache_dtype=None):
         """Decode against a KV cache (:func:`~cupy_flashattn.flash_attn_with_kvcache`)."""
         return api.flash_attn_with_kvcache(
             q, k_cache, v_cache, k, v, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
@@ -91,7 +94,8 @@ class FlashAttention:
             rotary_interleaved=rotary_interleaved, num_splits=num_splits,
             return_softmax_lse=return_softmax_lse,
             page_block_size=self._page_size_for(block_table, k_cache), seq_ids=seq_ids,
-            out=out, k_scale=k_scale, v_scale=v_scale, **self._options(),
+            out=out, k_scale=k_scale, v_scale=v_scale, kv_cache_dtype=kv_cache_dtype,
+            **self._options(),
         )
 
     def _page_size_for(self, block_table, k):

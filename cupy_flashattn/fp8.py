@@ -49,7 +49,7 @@ except ImportError:  # pragma: no cover - ml_dtypes is in install_requires
 FP8_NAMES = {"fp8": FLOAT8_E4M3FN, "fp8_e4m3": FLOAT8_E4M3FN, "fp8_e5m2": FLOAT8_E5M2}
 
 __all__ = ["FP8_DTYPES", "FLOAT8_E4M3FN", "FLOAT8_E5M2", "FP8_NAMES", "is_fp8", "fp8_max",
-           "kv_cache_format",
+           "kv_cache_format", "storage_format",
            "scale_array", "device_scale", "ScaleBinding", "refuse_scales", "gpu_rules",
            "quantize", "dequantize"]
 
@@ -145,6 +145,14 @@ def scale_array(name: str, scale, num_heads_k: int) -> np.ndarray:
     return values
 
 
+def storage_format(dtype, kv_dtype=None):
+    """The float8 format of K/V stored as ``dtype``: ``kv_dtype`` (the format uint8 bytes hold,
+    given with kv_cache_dtype), else ``dtype`` itself when it is a float8 dtype, else None."""
+    if kv_dtype is not None:
+        return np.dtype(kv_dtype)
+    return np.dtype(dtype) if is_fp8(dtype) else None
+
+
 def device_scale(name: str, scale, num_heads_k: int, xp):
     """``scale`` as a float32 ``(Hk,)`` array of ``xp``: floats / None / NumPy arrays through
     :func:`scale_array` (values checked), copied to the device for CuPy; a CuPy float32 array
@@ -153,16 +161,17 @@ def device_scale(name: str, scale, num_heads_k: int, xp):
         values = scale_array(name, scale, num_heads_k)
         return values if xp is np else xp.asarray(values)
     check_device_scale(name, scale, num_heads_k)
-    return scale if scale.shape == (num_heads_k,) else _expand(scale, num_heads_k)
+    return _per_head(scale, num_heads_k)
 
 
 def _is_device_array(a) -> bool:
     return hasattr(a, "__cuda_array_interface__") and not isinstance(a, np.ndarray)
 
 
-def _expand(scale, num_heads_k: int):
-    """A per-tensor device scale as (Hk,), on the device (no host sync)."""
-    return scale.reshape(1).repeat(num_heads_k)
+def _per_head(scale, num_heads_k: int):
+    """A checked device scale as (Hk,): itself, or a per-tensor one expanded on the device (one
+    small copy, no host sync)."""
+    return scale if scale.shape == (num_heads_k,) else scale.reshape(1).repeat(num_heads_k)
 
 
 def check_device_scale(name: str, scale, num_heads_k: int) -> None:
@@ -189,26 +198,22 @@ class ScaleBinding:
     part of the signature, its values are not: they stay on the device)."""
 
     def __init__(self, k_scale, v_scale, num_heads_k: int, xp):
-        k_scale, v_scale = adopt(k_scale), adopt(v_scale)  # a torch tensor: a CuPy view
         self.num_heads_k = num_heads_k
-        self.fixed = tuple(None if xp is not np and _is_device_array(s)
-                           else device_scale(n, s, num_heads_k, xp)
-                           for n, s in (("k_scale", k_scale), ("v_scale", v_scale)))
-        for name, s, fixed in (("k_scale", k_scale, self.fixed[0]),
-                               ("v_scale", v_scale, self.fixed[1])):
-            if fixed is None:
-                check_device_scale(name, s, num_heads_k)
+        self.fixed = (self._bind("k_scale", k_scale, xp), self._bind("v_scale", v_scale, xp))
+
+    def _bind(self, name: str, scale, xp):
+        """The fixed (Hk,) array of ``scale``, or None when it is read per call (checked)."""
+        scale = adopt(scale)  # a torch tensor: a CuPy view
+        if xp is not np and _is_device_array(scale):
+            check_device_scale(name, scale, self.num_heads_k)
+            return None
+        return device_scale(name, scale, self.num_heads_k, xp)
 
     def arrays(self, k_scale, v_scale) -> dict:
         """The AttentionProblem's ``k_scale`` / ``v_scale`` for one execution."""
         k, v = self.fixed
-        if k is None:
-            k_scale = adopt(k_scale)
-            k = k_scale if k_scale.shape == (self.num_heads_k,) else _expand(k_scale, self.num_heads_k)
-        if v is None:
-            v_scale = adopt(v_scale)
-            v = v_scale if v_scale.shape == (self.num_heads_k,) else _expand(v_scale, self.num_heads_k)
-        return {"k_scale": k, "v_scale": v}
+        return {"k_scale": _per_head(adopt(k_scale), self.num_heads_k) if k is None else k,
+                "v_scale": _per_head(adopt(v_scale), self.num_heads_k) if v is None else v}
 
 
 def quantize(x, scale: np.ndarray, dtype, xp=np):

@@ -555,8 +555,6 @@ class PagedKVCache:
                 k_rows = quantize(k_rows, self._k_scale, self._dtype)
             if np.dtype(v_rows.dtype) in _FLOAT_DTYPES:
                 v_rows = quantize(v_rows, self._v_scale, self._dtype)
-            if np.dtype(self.k_pages.dtype) == np.uint8:  # GPU pools: bytes
-                k_rows, v_rows = k_rows.view(np.uint8), v_rows.view(np.uint8)
         pages, slots = self._xp.asarray(pages), self._xp.asarray(slots)
         self.k_pages[pages, slots] = k_rows
         self.v_pages[pages, slots] = v_rows

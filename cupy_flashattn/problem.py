@@ -110,11 +110,9 @@ class AttentionProblem:
     def kv_float8(self):
         """The float8 format k / v hold (their own float8 dtype, or ``kv_dtype`` for uint8
         bytes), or None for 16/32/64-bit K/V."""
-        if self.kv_dtype is not None:
-            return np.dtype(self.kv_dtype)
-        from .fp8 import is_fp8
+        from .fp8 import storage_format
 
-        return np.dtype(self.k.dtype) if is_fp8(self.k.dtype) else None
+        return storage_format(self.k.dtype, self.kv_dtype)
 
     @property
     def num_heads(self) -> int:

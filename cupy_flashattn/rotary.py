@@ -21,7 +21,7 @@ import numpy as np
 from ._arrays import BFLOAT16, array_module, dtype_name
 from ._rules import page_and_row
 from .errors import BlockTableError, DTypeError, SeqlenError, ShapeError, explain
-from .fp8 import device_scale, is_fp8, kv_cache_format, quantize, refuse_scales
+from .fp8 import device_scale, is_fp8, kv_cache_format, quantize, refuse_scales, storage_format
 from .validate import same_library
 
 __all__ = ["append_kv_contiguous", "append_kv_paged", "apply_rotary", "rotate_and_append"]
@@ -263,6 +263,13 @@ def _kernel_append(xp, k_cache, v_cache, k_new, v_new, seqlens, mode, *, batch_i
         return True
     from ._cuda.decode import rope_append
 
+    if fp8 is None:
+        if np.dtype(k_cache.dtype) not in _KERNEL_DATA or np.dtype(v_cache.dtype) != np.dtype(k_cache.dtype):
+            return False
+        if k_cache.shape != v_cache.shape or k_cache.strides != v_cache.strides:
+            return False
+        if any(a.strides[-1] != a.itemsize for a in (k_cache, v_cache, k_new, v_new)):
+            return False
     index = dict(mode=mode, seqlens=_int32(xp, seqlens), batch_idx=_int32(xp, batch_idx),
                  table=_int32(xp, table), page_size=page_size, pos_per_token=True, plans=plans)
     if fp8 is not None:
@@ -277,12 +284,6 @@ def _kernel_append(xp, k_cache, v_cache, k_new, v_new, seqlens, mode, *, batch_i
                         dst_format=fmt, dst_scale=k_scale, **index)
             rope_append(v_new, v_cache, slot="v", dst_format=fmt, dst_scale=v_scale, **index)
         return True
-    if np.dtype(k_cache.dtype) not in _KERNEL_DATA or np.dtype(v_cache.dtype) != np.dtype(k_cache.dtype):
-        return False
-    if k_cache.shape != v_cache.shape or k_cache.strides != v_cache.strides:
-        return False
-    if any(a.strides[-1] != a.itemsize for a in (k_cache, v_cache, k_new, v_new)):
-        return False
     rope_append(k_new, k_cache, src2=v_new, dst2=v_cache, cos=cos, sin=sin,
                 interleaved=interleaved, slot="kv", **index)
     return True
@@ -389,9 +390,7 @@ def _check_append(k_cache, v_cache, k_new, v_new, cache_seqlens, k_name, v_name,
     _same_dims(v_name, v_cache, k_name, k_cache, slice(0, 3), "rows, positions and kv heads")
     _same_dims("v_new", v_new, "k_new", k_new, slice(0, 3), "batch, new tokens and kv heads")
     pairs = (("k_new", k_new, k_name, k_cache), ("v_new", v_new, v_name, v_cache))
-    fmt = kv_cache_format(kv_cache_dtype)
-    if fmt is None and is_fp8(k_cache.dtype):
-        fmt = np.dtype(k_cache.dtype)
+    fmt = storage_format(k_cache.dtype, kv_cache_format(kv_cache_dtype))
     for new_name, new, cache_name, cache in pairs:
         _same_dims(new_name, new, cache_name, cache, slice(2, 4), "kv heads and head dim")
         if fmt is not None and np.dtype(new.dtype) in _FLOAT_DTYPES:

@@ -220,6 +220,9 @@ def test_uint8_bytes_with_kv_cache_dtype_are_the_same_cache():
         got = fa.flash_attn_func(q, k8.view(np.uint8), v8.view(np.uint8), causal=True,
                                  k_scale=ks, v_scale=ks, kv_cache_dtype=name)
         np.testing.assert_array_equal(got, want)
+        attn = fa.FlashAttention(causal=True)  # the configured object takes the format per call
+        np.testing.assert_array_equal(attn(q, k8.view(np.uint8), v8.view(np.uint8), k_scale=ks,
+                                           v_scale=ks, kv_cache_dtype=name), want)
 
         # Appends into byte pools store the bytes of the float8 pools' append.
         k_new, v_new = randn(rng, (B, 2, Hk, D), BF16), randn(rng, (B, 2, Hk, D), BF16)
