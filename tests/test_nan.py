@@ -192,7 +192,9 @@ def masked_v_rows(p, b, j, hk, d, slack=None):
     key j: P V multiplies the V rows of every key in a loaded tile, masked ones by P = 0, and
     0 * NaN = NaN (as in flash-attn).  slack=None: every such element of sequence b (decode: all
     rows of a CTA share its key tiles); slack=n: only rows whose visible key range comes within
-    n keys of j (prefill: kBlockM + kBlockN <= 256 -- a CTA never loads a tile farther away).
+    n keys of j (prefill with a mask: kBlockM + kBlockN <= 256 -- a CTA never loads a tile
+    farther away; the sm90 kernel's wider 176-key tiles serve only problems without a window,
+    where every row sees every key).
     An empty row is never among them: it gives exactly 0 whatever its O accumulated."""
     q_start = resolve_sequence(p, b)[0]
     vis = vis_matrix(p, b)

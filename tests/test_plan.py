@@ -3,6 +3,8 @@ kernels run, their grids, blocks, shared memory and split counts.  The plans tha
 (``PrefillPlan``, ``DecodePlan``) compute the same values through the same functions (``route``,
 ``select_kernel``, ``prefill_grid``, ``decode.plan``); these tests pin the decisions."""
 
+import dataclasses
+
 import numpy as np
 
 import cupy_flashattn
@@ -144,8 +146,18 @@ def test_a_9_0_device_runs_prefill_on_the_hopper_family():
 
     p = _problem(B=4, max_q=1000, max_k=1000, H=16, Hk=16, D=80, dtype=np.float16)
     (launch_,) = describe_launches(p, device_cc=90)
-    tr = cc.traits(128, "sm90")
-    assert launch_["kernel"] == "fa_fwd_sm90_f16_d128" and launch_["arch"] == "sm90"
+    tr = cc.traits(128, "sm90", wide=True)
+    # No causal / local window: the wide key tile (compile.SM90_WIDE_BUCKETS).
+    assert launch_["kernel"] == "fa_fwd_sm90_f16_d128_wide" and launch_["arch"] == "sm90"
+    assert tr.block_n > cc.traits(128, "sm90").block_n
+    for window in ((-1, 0), (100, -1), (-1, 100)):  # causal, local: the narrow tile
+        banded = dataclasses.replace(p, window_left=window[0], window_right=window[1])
+        assert describe_launches(banded, device_cc=90)[0]["kernel"] == "fa_fwd_sm90_f16_d128"
+    # Softcap / ALiBi and paged K/V keep the narrow tile too.
+    for other in (dict(softcap=30.0), dict(alibi=True), dict(paged=True)):
+        name = describe_launches(_problem(B=4, max_q=1000, max_k=1000, H=16, Hk=16, **other),
+                                 device_cc=90)[0]["kernel"]
+        assert not name.endswith("_wide"), (other, name)
     # Persistent: 8 query tiles x 16 heads x 4 sequences = 512 tiles on one CTA per SM.
     assert launch_["grid"] == (H100_SMS, 1, 1) and tr.block_m == 128
     small = _problem(B=1, max_q=200, max_k=200, H=4, Hk=4, D=128)

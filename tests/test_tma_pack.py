@@ -43,14 +43,23 @@ def test_new_writes_the_base_struct_after_zero_maps():
 
 
 def test_dense_geometries_describe_q_and_kv_in_64_column_boxes():
+    """Varlen K/V (cu_seqlens_k): one slice of all rows; dense batches: one slice per sequence
+    (rows past a sequence's end are outside its slice: the copy engine reads zeros there, so
+    the kernel loads the sequence-end tile by TMA too, flash_fwd.cu dense_kv_bounded)."""
+    seqs = dict(cu_seqlens_k=None, seqused_k=None, leftpad_k=None, seqlen_k=1000)
     values = dict(head_dim=80, num_heads=8, h_per_kv=4, total_q=1000, k_rows=3000,
-                  q_head_stride=80, q_row_stride=640, k_head_stride=128, k_row_stride=256)
+                  q_head_stride=80, q_row_stride=640, k_head_stride=128, k_row_stride=256,
+                  **seqs)
     q, k, v = fwd_geometries(values, block_m=128, block_n=64)
     assert k is v
     assert list(q.dims) == [80, 8, 1000] and list(q.strides) == [160, 1280]
     assert list(q.box) == [64, 1, 128]
-    assert list(k.dims) == [80, 2, 3000] and list(k.strides) == [256, 512]
-    assert list(k.box) == [64, 1, 64]
+    assert k.rank == 4 and list(k.dims) == [80, 2, 1000, 3] and list(k.strides) == [256, 512, 512000]
+    assert list(k.box) == [64, 1, 64, 1]
+    for name, arr in (("cu_seqlens_k", object()), ("seqused_k", object()), ("leftpad_k", object()),
+                      ("seqlen_k", 0)):
+        _, k, _ = fwd_geometries(dict(values, **{name: arr}), block_m=128, block_n=64)
+        assert list(k.dims) == [80, 2, 3000, 1] and list(k.strides)[:2] == [256, 512], name
     # Dims of size 1 (MQA, one query row) get a legal 16-byte stride; a zero dim becomes 1.
     values.update(h_per_kv=8, k_head_stride=3, total_q=0)
     q, k, _ = fwd_geometries(values, block_m=128, block_n=64)

@@ -12,7 +12,9 @@ import pathlib
 
 #: (kind, N): "ss" = A and B from shared memory (S = Q K^T); "rs" = A from registers
 #: (O += P V, B = V read MN-major, i.e. transposed).
-SHAPES = (("ss", 64), ("ss", 128), ("rs", 64))
+SHAPES = (("ss", 64), ("ss", 80), ("ss", 128), ("ss", 160), ("ss", 176), ("ss", 192), ("rs", 64))
+#: The key-tile widths S = Q K^T is generated for (ss_qk<kN> picks the wrapper).
+SS_WIDTHS = tuple(n for kind, n in SHAPES if kind == "ss")
 TYPES = (("Bf16", "bf16"), ("F16", "f16"))
 
 HEADER = """\
@@ -71,11 +73,26 @@ def _wrapper(kind: str, n: int, elem: str, ptx_type: str) -> str:
 """
 
 
+def _dispatch() -> str:
+    # S = Q K^T for a key tile of kN columns: the kernel names the width, not the wrapper.
+    branches = "\n  else ".join(
+        f"if constexpr (kN == {n}) ss_m64n{n}k16<0>(d, desc_a, desc_b, scale_d, e);"
+        for n in SS_WIDTHS)
+    return f"""// S(64 x kN) (+)= Q K^T for one k step: the ss wrapper of width kN.
+template <int kN, class Elem, int kT>
+__device__ __forceinline__ void ss_qk(float (&d)[kT][4], u64 desc_a, u64 desc_b, int scale_d, Elem e) {{
+  {branches}
+  else static_assert(kN < 0, "tools/gen_wgmma.py: no ss wrapper of this width (SHAPES)");
+}}
+"""
+
+
 def render() -> str:
     parts = [HEADER]
     for elem, ptx in TYPES:
         for kind, n in SHAPES:
             parts.append(_wrapper(kind, n, elem, ptx))
+    parts.append(_dispatch())
     parts.append("}  // namespace wgmma\n}  // namespace fa\n")
     return "\n".join(parts)
 

@@ -92,6 +92,8 @@ def logits(rng, mode, H):
     """(api kwargs, reference kwargs) of a mask / logit mode."""
     if mode == "causal":
         return dict(causal=True), dict(causal=True)
+    if mode == "full":  # no mask at all (sm90: the wide D = 128 kernel)
+        return {}, {}
     if mode == "local":
         return dict(window_size=(8, 4)), dict(window_size=(8, 4))
     if mode == "causal_sinks":
@@ -105,9 +107,10 @@ def logits(rng, mode, H):
 
 
 def prefill_dense(rng, dt, D, mode, long=False):
-    # 160 packed rows per kv head: the prefill kernel.  long: keys over three 128-key tiles, so
-    # the sm90 kernel loads two whole tiles by TMA and the sequence-end tile by cp.async.
-    B, Sq, Sk, H, Hk = (1, 200, 300, 4, 1) if long else (2, 80, 100, 2, 1)
+    # 160 packed rows per kv head: the prefill kernel.  long: keys over several key tiles, so
+    # the sm90 kernel loads whole tiles and (a dense batch: its K/V maps end at each sequence's
+    # end) the sequence-end tile by TMA; varlen gathers that tile by cp.async.
+    B, Sq, Sk, H, Hk = (2, 200, 300, 4, 1) if long else (2, 80, 100, 2, 1)
     q, k, v = randn(rng, (B, Sq, H, D), dt), randn(rng, (B, Sk, Hk, D), dt), randn(rng, (B, Sk, Hk, D), dt)
     api, ref = logits(rng, mode, H)
     out = poisoned(q.shape, dt)
@@ -320,6 +323,11 @@ def cases():
          lambda r: prefill_dense(r, F16, 128, "causal", long=True)),
         ("prefill dense long (TMA tiles) bfloat16-d64 softcap_alibi",
          lambda r: prefill_dense(r, BF16, 64, "softcap_alibi", long=True)),
+        ("prefill dense long (wide tiles) bfloat16-d128 full",
+         lambda r: prefill_dense(r, BF16, 128, "full", long=True)),
+        ("prefill dense long (80-key tiles) float16-d256 full",
+         lambda r: prefill_dense(r, F16, 256, "full", long=True)),
+        ("prefill varlen (wide tiles) bfloat16-d128 full", lambda r: prefill_varlen(r, BF16, 128, "full")),
         ("decode paged P=16 bfloat16-d128 splits=3 sinks",
          lambda r: decode(r, BF16, 128, 3, P=16, sinks=True)),
         ("decode float16-d64 splits=1 sinks", lambda r: decode(r, F16, 64, 1, sinks=True)),

@@ -85,14 +85,20 @@ struct LogitTransform {
   }
 };
 
+// One bit per column of a lane's fragment (2 per n8 tile): 32 bits up to 128-key tiles, 64
+// for wider ones (the sm90 kernel's 176-key tiles).
+template <bool kWide> struct ColumnBits { using type = unsigned; };
+template <> struct ColumnBits<true> { using type = unsigned long long; };
+template <int kNTiles> using column_bits_t = typename ColumnBits<(2 * kNTiles > 32)>::type;
+
 // Set the logits of keys a row does not see to -inf.  Row (mi, h) sees keys [lo, hi] that
 // keys_of(mi, h, lo, hi) gives (Window::row_keys of its query row, so keys past len_k are
 // excluded too); bit 2nt+e of `absent` marks column 8nt + e (of this lane) as a key on an
 // absent page.  col0: key position of element 0 of n-tile 0.
 template <int kMRep, int kNTiles, class T, class KeysOf>
 __device__ __forceinline__ void mask_fragment(T (&s)[kMRep][kNTiles][4], const KeysOf& keys_of,
-                                              int col0, unsigned absent) {
-  static_assert(2 * kNTiles <= 32, "one bit per column of this lane");
+                                              int col0, column_bits_t<kNTiles> absent) {
+  static_assert(2 * kNTiles <= 64, "one bit per column of this lane");
 #pragma unroll
   for (int mi = 0; mi < kMRep; ++mi)
 #pragma unroll
@@ -153,14 +159,14 @@ struct Mask {
   __device__ __forceinline__ void apply(T (&s)[kMRep][kNTiles][4], int row0, int tile_col0,
                                         int col_in_tile0, const int* absent_ids,
                                         const RowRangeIds<kMRep>& range_ids) const {
-    unsigned absent = 0;  // warp-uniform test: null for almost every tile
+    column_bits_t<kNTiles> absent = 0;  // warp-uniform test: null for almost every tile
     if (Is_paged && absent_ids != nullptr) {
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e)
-          absent |= unsigned(!page_present(absent_ids[col_in_tile0 + nt * 8 + e], num_pages))
-                    << (2 * nt + e);
+          absent |= column_bits_t<kNTiles>(!page_present(absent_ids[col_in_tile0 + nt * 8 + e], num_pages))
+                     << (2 * nt + e);
     }
     const Window w = window;
     mask_fragment(

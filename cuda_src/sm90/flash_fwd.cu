@@ -151,6 +151,7 @@ struct ProducerRows {
 // flag per producer warp.
 template <class Tr>
 struct PageIds {
+  static_assert(Tr::kBlockN <= 128, "one producer thread per key row of a tile");
   // Page id of key row t of tile n_block; -1 past len_k (then pos / P may be past the table row).
   __device__ __forceinline__ static int fetch(const SeqInfo& si, int n_block, int t) {
     const int pos = n_block * Tr::kBlockN + t;
@@ -182,7 +183,7 @@ __device__ __forceinline__ void producer_copy(u32 s, const u16* head, const FwdP
   const int row_t = t >> 3, chunk_t = t & 7;
   // Paged: one row at a time (its page id, then its copies); unrolled, ptxas hoists every
   // row's address and the producer's 56 registers spill.
-#pragma unroll(Is_paged ? 1 : ProducerRows<Tr, Is_paged>::kRows)
+#pragma unroll(Is_paged || ProducerRows<Tr, Is_paged>::kRows % 2 ? 1 : ProducerRows<Tr, Is_paged>::kRows)
   for (int i = 0; i < ProducerRows<Tr, Is_paged>::kRows; ++i) {
     const int row = row_t + 16 * i;
     i64 off;
@@ -209,9 +210,22 @@ __device__ __forceinline__ void producer_signal(u32 full_bar) {
 // The TMA maps of a launch (host: _cuda/tma.py; paged K / V maps only with FA_SM90_PAGED_TMA).
 struct TmaMaps {
   const pipe::TmaDesc* q;  // (head_dim, H, total_q) box (64, 1, kBlockM)
-  const pipe::TmaDesc* k;  // (head_dim, Hk, k_rows) box (64, 1, kBlockN)
+  // Dense: (head_dim, Hk, Sk, k_rows / Sk) where dense_kv_bounded, else (head_dim, Hk, k_rows,
+  // 1); box (64, 1, kBlockN, 1).  Paged: (head_dim, Hk, P, num_pages), box (64, 1, min(P, kBlockN), 1).
+  const pipe::TmaDesc* k;
   const pipe::TmaDesc* v;
 };
+
+// Whether the dense K/V maps hold each sequence as its own slice (rows 0 .. Sk - 1 of slot
+// k_start / Sk): every sequence is Sk rows long at slot * Sk (no cu_seqlens_k, seqused_k or
+// leftpad_k).  Then a box reaching past a sequence's end reads zeros, and the tile holding the
+// end comes by TMA too (else it is gathered: a box would read the next sequence's rows, and a
+// NaN there times P = 0 is NaN).  The host encodes the maps by the same rule
+// (_cuda/tma.py dense_kv_bounded).
+__device__ __forceinline__ bool dense_kv_bounded(const FwdParams& p) {
+  return p.cu_seqlens_k == nullptr && p.seqused_k == nullptr && p.leftpad_k == nullptr &&
+         p.seqlen_k > 0;
+}
 
 // The tile's Q by TMA (rows past the sequence are the next sequence's or out of the map's
 // bounds: the mask and the epilogue never use them).
@@ -271,17 +285,18 @@ __device__ __forceinline__ void producer_paged_gather(const FwdParams& p, const 
 // Dense K/V by TMA: one thread issues the copies of a whole key tile (one box of 64 columns x
 // kBlockN rows per 128-byte column block, written in the SW128 layout by the copy engine
 // itself) and the barrier completes when the bytes have landed; the other producer threads
-// only arrive.  The tile that holds the end of the sequence is gathered by cp.async instead
-// (producer_tma): its rows past len_k must be zeros (a TMA box would read the next sequence's
-// rows, and a NaN there times P = 0 would still be NaN).
+// only arrive.  `row`, `slot`: the map's coordinates of the tile's first key (dense_kv_bounded).
+// The tile that holds the end of the sequence is gathered by cp.async instead unless the map
+// bounds the sequence (producer_tma): its rows past len_k must be zeros.
 template <class Tr>
-__device__ __forceinline__ void tma_tile(u32 dst, const pipe::TmaDesc* map, int head, int row, u32 bar,
-                                         int t) {
+__device__ __forceinline__ void tma_tile(u32 dst, const pipe::TmaDesc* map, int head, int row,
+                                         int slot, u32 bar, int t) {
   if (t == 0) {
     pipe::bar_arrive_expect_tx(bar, Tr::kSmemKV);
 #pragma unroll
     for (int j = 0; j < Tr::kDBlocks; ++j)
-      pipe::tma_load_3d(dst + j * Tr::kBlockN * wgmma::kSwizzleRowBytes, map, 64 * j, head, row, bar);
+      pipe::tma_load_4d(dst + j * Tr::kBlockN * wgmma::kSwizzleRowBytes, map, 64 * j, head, row,
+                        slot, bar);
   } else {
     pipe::bar_arrive(bar);
   }
@@ -332,16 +347,16 @@ __device__ __forceinline__ int own_page_id(const int* ids, int t) {
   return ids[Tr::kBlockN >= 128 ? t : t % Tr::kBlockN];
 }
 
-// One whole key tile of K or V into its stage by TMA: dense, the rows from `row` on; paged,
-// through the page id of key row t (own_page_id; issuers only).
+// One whole key tile of K or V into its stage by TMA: dense, the rows from (row, slot) on;
+// paged, through the page id of key row t (own_page_id; issuers only).
 template <class Tr, bool Is_paged>
 __device__ __forceinline__ void tma_kv_tile(u32 dst, const pipe::TmaDesc* map, int id,
-                                            int head, int row, int n_block, int page_size, u32 bar,
-                                            int t) {
+                                            int head, int row, int slot, int n_block,
+                                            int page_size, u32 bar, int t) {
   if constexpr (Is_paged)
     tma_paged_tile<Tr>(dst, map, id, head, n_block * Tr::kBlockN, page_size, bar, t);
   else
-    tma_tile<Tr>(dst, map, head, row, bar, t);
+    tma_tile<Tr>(dst, map, head, row, slot, bar, t);
 }
 
 // The TMA producer, dense and paged: Q and every whole key tile by TMA (dense: tma_tile; paged,
@@ -358,10 +373,14 @@ __device__ __forceinline__ void producer_tma(const FwdParams& p, const Sm90Tile&
   const int hk = w.bidh / p.h_per_kv;
   const u16* k_head = p.k + si.kv_head_off;
   const u16* v_head = p.v + si.kv_head_off;
+  // Dense: the map's coordinates of the sequence's first key (dense_kv_bounded: its slot).
+  const bool bounded = !Is_paged && dense_kv_bounded(p);
+  const int slot = bounded ? si.k_start / p.seqlen_k : 0;
+  const int row0 = bounded ? 0 : si.k_start;
   for (int n_block = n_max - 1; n_block >= n_min; --n_block, ++it) {
     const int s = it % Tr::kStages, phase = (it / Tr::kStages) & 1;
-    const bool whole = (n_block + 1) * Tr::kBlockN <= si.len_k;
-    const int row = Is_paged ? 0 : si.k_start + n_block * Tr::kBlockN;  // dense: the tile's row
+    const bool whole = bounded || (n_block + 1) * Tr::kBlockN <= si.len_k;
+    const int row = Is_paged ? 0 : row0 + n_block * Tr::kBlockN;  // dense: the tile's row
     const int* ids = Is_paged ? sm.ids + s * Tr::kBlockN : nullptr;     // paged: its page ids
     pipe::bar_wait(sm.k_empty(s), phase ^ 1);
 #if FA_SM90_DIAG_NO_LOADS  // diagnostic (wrong results): only the first ring round is loaded
@@ -381,7 +400,7 @@ __device__ __forceinline__ void producer_tma(const FwdParams& p, const Sm90Tile&
       if (n_block > n_min) id = PageIds<Tr>::fetch(si, n_block - 1, t);  // lands under this tile
     }
     if (whole) {
-      tma_kv_tile<Tr, Is_paged>(sm.k(s), maps.k, own_page_id<Tr>(ids, t), hk, row, n_block, p.page_size, sm.k_full(s), t);
+      tma_kv_tile<Tr, Is_paged>(sm.k(s), maps.k, own_page_id<Tr>(ids, t), hk, row, slot, n_block, p.page_size, sm.k_full(s), t);
     } else {
       producer_copy<Tr, Is_paged>(sm.k(s), k_head, p, si, ids, n_block, t);
       cp_async_commit();
@@ -389,7 +408,7 @@ __device__ __forceinline__ void producer_tma(const FwdParams& p, const Sm90Tile&
     }
     pipe::bar_wait(sm.v_empty(s), phase ^ 1);
     if (whole) {
-      tma_kv_tile<Tr, Is_paged>(sm.v(s), maps.v, own_page_id<Tr>(ids, t), hk, row, n_block, p.page_size, sm.v_full(s), t);
+      tma_kv_tile<Tr, Is_paged>(sm.v(s), maps.v, own_page_id<Tr>(ids, t), hk, row, slot, n_block, p.page_size, sm.v_full(s), t);
     } else {
       producer_copy<Tr, Is_paged>(sm.v(s), v_head, p, si, ids, n_block, t);
       cp_async_commit();
@@ -417,8 +436,7 @@ __device__ __forceinline__ void issue_qk(float (&sacc)[1][Tr::kNTiles][4], u32 q
   for (int kk = 0; kk < Tr::kHeadDim / 16; ++kk) {
     const u64 da = wgmma::desc_k_major<Tr::kBlockM>(q_tile, kk);
     const u64 db = wgmma::desc_k_major<Tr::kBlockN>(k_tile, kk);
-    if constexpr (Tr::kBlockN == 128) wgmma::ss_m64n128k16<0>(sacc[0], da, db, kk > 0, Elem{});
-    else wgmma::ss_m64n64k16<0>(sacc[0], da, db, kk > 0, Elem{});
+    wgmma::ss_qk<Tr::kBlockN>(sacc[0], da, db, kk > 0, Elem{});
   }
 }
 

@@ -38,6 +38,25 @@
 #ifndef FA_SM90_STAGES_128
 #define FA_SM90_STAGES_128 2
 #endif
+// Key-tile width per head-dim bucket (device sweeps; the values below are the shipped ones).
+#ifndef FA_SM90_BLOCKN_64
+#define FA_SM90_BLOCKN_64 128
+#endif
+#ifndef FA_SM90_BLOCKN_128
+#define FA_SM90_BLOCKN_128 128
+#endif
+#ifndef FA_SM90_BLOCKN_128_WIDE
+#define FA_SM90_BLOCKN_128_WIDE 176
+#endif
+#ifndef FA_SM90_PRODUCER_REGS_128
+#define FA_SM90_PRODUCER_REGS_128 56
+#endif
+#ifndef FA_SM90_PRODUCER_REGS_256
+#define FA_SM90_PRODUCER_REGS_256 56
+#endif
+#ifndef FA_SM90_BLOCKN_256
+#define FA_SM90_BLOCKN_256 80
+#endif
 
 namespace fa {
 
@@ -79,7 +98,8 @@ struct Sm90FwdTraitsBase {
   static constexpr int kChunks = kHeadDim / 8;   // 16-byte chunks per row
 
   static_assert(kHeadDim % 64 == 0, "whole 128-byte swizzle blocks");
-  static_assert(kBlockN == 64 || kBlockN == 128, "wgmma_ops.cuh has S = Q K^T for N = 64, 128");
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256,
+                "P V takes 16 keys per wgmma; S = Q K^T has N <= 256 (wgmma_ops.cuh: ss_qk)");
   static_assert(kStages >= 2, "the producer signals tile n after issuing tile n + 1");
 
   static constexpr int kSmemQ = kBlockM * kHeadDim * 2;
@@ -88,9 +108,8 @@ struct Sm90FwdTraitsBase {
   // stores.  Its own buffer where it fits (D <= 192: at most 195 KB in all), so a persistent
   // CTA's producer loads the next tile's Q while the consumers still write this tile's O; at
   // D = 256 (192 KB of Q + ring) O reuses Q's buffer and the next Q waits for the epilogue.
-  static constexpr bool kSeparateO = kSmemQ + 2 * kStages * kSmemKV + kSmemQ <= 200 * 1024;
-  static constexpr int kSmemO = kSeparateO ? kSmemQ : 0;
-  static constexpr int kSmemTiles = kSmemQ + 2 * kStages * kSmemKV + kSmemO;
+  static constexpr int kSmemRing = kSmemQ + 2 * kStages * kSmemKV;
+  static constexpr int kSmemLimit = 227 * 1024;  // sm_90's opt-in maximum per block
   // q_full, q_empty, k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages],
   // then the tile scheduler's mailbox barriers (full[2], empty[2], posted[2];
   // tile_scheduler.cuh): 8 bytes each.
@@ -104,22 +123,47 @@ struct Sm90FwdTraitsBase {
   // slot the four words posted with a claim (tile_scheduler.cuh).
   static constexpr int kSmemSchedSlots = 16 + 2 * 16;
   // + 1024: the dynamic shared memory base is only 16-byte aligned; the kernel rounds it up.
-  static constexpr int kSmemBytes =
-      1024 + kSmemTiles + kSmemBars + kSmemIds + kSmemFlags + kSmemSchedSlots;
+  static constexpr int kSmemRest = 1024 + kSmemBars + kSmemIds + kSmemFlags + kSmemSchedSlots;
+  static constexpr bool kSeparateO = kSmemRing + kSmemQ + kSmemRest <= kSmemLimit;
+  static constexpr int kSmemO = kSeparateO ? kSmemQ : 0;
+  static constexpr int kSmemTiles = kSmemRing + kSmemO;
+  static constexpr int kSmemBytes = kSmemTiles + kSmemRest;
+  static_assert(kSmemBytes <= kSmemLimit, "Q, the K/V ring and the barriers must fit 227 KB");
 };
 
-template <int kHeadDim>
+// Traits per (head-dim bucket, paged K/V).  A paged kernel's key tile must be one a page of the
+// usual sizes (16 .. 256) tiles, so the paged producer can load it by TMA one box per page
+// (flash_fwd.cu paged_tma_ok), and hold one page id per producer thread (kBlockN <= 128): the
+// paged kernels take the dense ones' traits except where the dense tile is wider or uneven.
+// Is_wide (compile.SM90_WIDE_BUCKETS): the dense kernel without softcap / ALiBi for problems
+// without a causal / local window, where a wider key tile pays (FlashAttention-3 tile_size.h
+// makes the same split).
+template <int kHeadDim, bool Is_paged = false, bool Is_wide = false>
 struct Sm90FwdTraits;
+template <int kHeadDim>
+struct Sm90FwdTraits<kHeadDim, true, false> : Sm90FwdTraits<kHeadDim, false, false> {};
+template <int kHeadDim>  // buckets without a wide tile (the host never selects them)
+struct Sm90FwdTraits<kHeadDim, false, true> : Sm90FwdTraits<kHeadDim, false, false> {};
 
 // First version (NOTES.md sm90-v1): the largest key tile whose 2-stage ring fits 227 KB.
 // D = 64: 128 x 128, 3 stages (16 + 96 KB).
-template <> struct Sm90FwdTraits<64> : Sm90FwdTraitsBase<64, 128, 3> {};
+template <> struct Sm90FwdTraits<64> : Sm90FwdTraitsBase<64, FA_SM90_BLOCKN_64, 3> {};
 // D = 128: 128 x 128, 2 stages (32 + 128 KB).  S 64 + O 64 fp32 registers per consumer thread.
 // 3 stages (224 KB) measured the same (579 vs 584 TFLOP/s, S = 4k): the producer keeps up.
-template <> struct Sm90FwdTraits<128> : Sm90FwdTraitsBase<128, 128, FA_SM90_STAGES_128> {};
+template <> struct Sm90FwdTraits<128> : Sm90FwdTraitsBase<128, FA_SM90_BLOCKN_128, FA_SM90_STAGES_128, FA_SM90_PRODUCER_REGS_128> {};
+// Wide (no window): 128 x 176, 2 stages (32 + 176 KB; O shares Q's buffer).  S 88 + P 44 + O 64
+// registers per consumer thread.  Measured against 128 x 128 (NOTES.md, sm90 key-tile widths;
+// H100, bf16, TFLOP/s, S = 2k / 4k / 8k): 604 / 643 / 682 vs 605 / 635 / 643; causal on 176
+// lost (471 vs 500 at S = 2k), so windowed problems keep 128.  160 (separate O, 28 B of
+// spills) measured the same as 128; the softcap / ALiBi kernel spills at 176.
+template <> struct Sm90FwdTraits<128, false, true> : Sm90FwdTraitsBase<128, FA_SM90_BLOCKN_128_WIDE, 2> {};
 // D = 192: 128 x 64, 2 stages (48 + 96 KB).
 template <> struct Sm90FwdTraits<192> : Sm90FwdTraitsBase<192, 64, 2> {};
-// D = 256: 128 x 64, 2 stages (64 + 128 KB).  O is 128 fp32 registers per consumer thread.
-template <> struct Sm90FwdTraits<256> : Sm90FwdTraitsBase<256, 64, 2> {};
+// D = 256: 128 x 80, 2 stages (64 + 160 KB; O shares Q's buffer).  O is 128 fp32 registers per
+// consumer thread.  Measured against 128 x 64 (NOTES.md, sm90 key-tile widths; H100, bf16,
+// TFLOP/s, S = 4k full / causal, 8k full): 670 / 605 / 660 vs 629 / 587 / 641 -- FlashAttention-3's
+// choice too.  Paged keeps 64 keys: 80 is not a multiple or a divisor of pages of 32 .. 256.
+template <> struct Sm90FwdTraits<256> : Sm90FwdTraitsBase<256, FA_SM90_BLOCKN_256, 2, FA_SM90_PRODUCER_REGS_256> {};
+template <> struct Sm90FwdTraits<256, true> : Sm90FwdTraitsBase<256, 64, 2> {};
 
 }  // namespace fa

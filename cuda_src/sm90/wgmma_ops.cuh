@@ -28,6 +28,17 @@ __device__ __forceinline__ void ss_m64n64k16(float (&d)[kT][4], u64 desc_a, u64 
 }
 
 template <int kOff, int kT>
+__device__ __forceinline__ void ss_m64n80k16(float (&d)[kT][4], u64 desc_a, u64 desc_b, int scale_d, Bf16) {
+  static_assert(kOff + 10 <= kT, "n8 tiles of the accumulator");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39}, %40, %41, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[kOff + 0][0]), "+f"(d[kOff + 0][1]), "+f"(d[kOff + 0][2]), "+f"(d[kOff + 0][3]), "+f"(d[kOff + 1][0]), "+f"(d[kOff + 1][1]), "+f"(d[kOff + 1][2]), "+f"(d[kOff + 1][3]), "+f"(d[kOff + 2][0]), "+f"(d[kOff + 2][1]), "+f"(d[kOff + 2][2]), "+f"(d[kOff + 2][3]), "+f"(d[kOff + 3][0]), "+f"(d[kOff + 3][1]), "+f"(d[kOff + 3][2]), "+f"(d[kOff + 3][3]), "+f"(d[kOff + 4][0]), "+f"(d[kOff + 4][1]), "+f"(d[kOff + 4][2]), "+f"(d[kOff + 4][3]), "+f"(d[kOff + 5][0]), "+f"(d[kOff + 5][1]), "+f"(d[kOff + 5][2]), "+f"(d[kOff + 5][3]), "+f"(d[kOff + 6][0]), "+f"(d[kOff + 6][1]), "+f"(d[kOff + 6][2]), "+f"(d[kOff + 6][3]), "+f"(d[kOff + 7][0]), "+f"(d[kOff + 7][1]), "+f"(d[kOff + 7][2]), "+f"(d[kOff + 7][3]), "+f"(d[kOff + 8][0]), "+f"(d[kOff + 8][1]), "+f"(d[kOff + 8][2]), "+f"(d[kOff + 8][3]), "+f"(d[kOff + 9][0]), "+f"(d[kOff + 9][1]), "+f"(d[kOff + 9][2]), "+f"(d[kOff + 9][3])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+template <int kOff, int kT>
 __device__ __forceinline__ void ss_m64n128k16(float (&d)[kT][4], u64 desc_a, u64 desc_b, int scale_d, Bf16) {
   static_assert(kOff + 16 <= kT, "n8 tiles of the accumulator");
   asm volatile(
@@ -35,6 +46,39 @@ __device__ __forceinline__ void ss_m64n128k16(float (&d)[kT][4], u64 desc_a, u64
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n"
       "}\n"
       : "+f"(d[kOff + 0][0]), "+f"(d[kOff + 0][1]), "+f"(d[kOff + 0][2]), "+f"(d[kOff + 0][3]), "+f"(d[kOff + 1][0]), "+f"(d[kOff + 1][1]), "+f"(d[kOff + 1][2]), "+f"(d[kOff + 1][3]), "+f"(d[kOff + 2][0]), "+f"(d[kOff + 2][1]), "+f"(d[kOff + 2][2]), "+f"(d[kOff + 2][3]), "+f"(d[kOff + 3][0]), "+f"(d[kOff + 3][1]), "+f"(d[kOff + 3][2]), "+f"(d[kOff + 3][3]), "+f"(d[kOff + 4][0]), "+f"(d[kOff + 4][1]), "+f"(d[kOff + 4][2]), "+f"(d[kOff + 4][3]), "+f"(d[kOff + 5][0]), "+f"(d[kOff + 5][1]), "+f"(d[kOff + 5][2]), "+f"(d[kOff + 5][3]), "+f"(d[kOff + 6][0]), "+f"(d[kOff + 6][1]), "+f"(d[kOff + 6][2]), "+f"(d[kOff + 6][3]), "+f"(d[kOff + 7][0]), "+f"(d[kOff + 7][1]), "+f"(d[kOff + 7][2]), "+f"(d[kOff + 7][3]), "+f"(d[kOff + 8][0]), "+f"(d[kOff + 8][1]), "+f"(d[kOff + 8][2]), "+f"(d[kOff + 8][3]), "+f"(d[kOff + 9][0]), "+f"(d[kOff + 9][1]), "+f"(d[kOff + 9][2]), "+f"(d[kOff + 9][3]), "+f"(d[kOff + 10][0]), "+f"(d[kOff + 10][1]), "+f"(d[kOff + 10][2]), "+f"(d[kOff + 10][3]), "+f"(d[kOff + 11][0]), "+f"(d[kOff + 11][1]), "+f"(d[kOff + 11][2]), "+f"(d[kOff + 11][3]), "+f"(d[kOff + 12][0]), "+f"(d[kOff + 12][1]), "+f"(d[kOff + 12][2]), "+f"(d[kOff + 12][3]), "+f"(d[kOff + 13][0]), "+f"(d[kOff + 13][1]), "+f"(d[kOff + 13][2]), "+f"(d[kOff + 13][3]), "+f"(d[kOff + 14][0]), "+f"(d[kOff + 14][1]), "+f"(d[kOff + 14][2]), "+f"(d[kOff + 14][3]), "+f"(d[kOff + 15][0]), "+f"(d[kOff + 15][1]), "+f"(d[kOff + 15][2]), "+f"(d[kOff + 15][3])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+template <int kOff, int kT>
+__device__ __forceinline__ void ss_m64n160k16(float (&d)[kT][4], u64 desc_a, u64 desc_b, int scale_d, Bf16) {
+  static_assert(kOff + 20 <= kT, "n8 tiles of the accumulator");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %82, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n160k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79}, %80, %81, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[kOff + 0][0]), "+f"(d[kOff + 0][1]), "+f"(d[kOff + 0][2]), "+f"(d[kOff + 0][3]), "+f"(d[kOff + 1][0]), "+f"(d[kOff + 1][1]), "+f"(d[kOff + 1][2]), "+f"(d[kOff + 1][3]), "+f"(d[kOff + 2][0]), "+f"(d[kOff + 2][1]), "+f"(d[kOff + 2][2]), "+f"(d[kOff + 2][3]), "+f"(d[kOff + 3][0]), "+f"(d[kOff + 3][1]), "+f"(d[kOff + 3][2]), "+f"(d[kOff + 3][3]), "+f"(d[kOff + 4][0]), "+f"(d[kOff + 4][1]), "+f"(d[kOff + 4][2]), "+f"(d[kOff + 4][3]), "+f"(d[kOff + 5][0]), "+f"(d[kOff + 5][1]), "+f"(d[kOff + 5][2]), "+f"(d[kOff + 5][3]), "+f"(d[kOff + 6][0]), "+f"(d[kOff + 6][1]), "+f"(d[kOff + 6][2]), "+f"(d[kOff + 6][3]), "+f"(d[kOff + 7][0]), "+f"(d[kOff + 7][1]), "+f"(d[kOff + 7][2]), "+f"(d[kOff + 7][3]), "+f"(d[kOff + 8][0]), "+f"(d[kOff + 8][1]), "+f"(d[kOff + 8][2]), "+f"(d[kOff + 8][3]), "+f"(d[kOff + 9][0]), "+f"(d[kOff + 9][1]), "+f"(d[kOff + 9][2]), "+f"(d[kOff + 9][3]), "+f"(d[kOff + 10][0]), "+f"(d[kOff + 10][1]), "+f"(d[kOff + 10][2]), "+f"(d[kOff + 10][3]), "+f"(d[kOff + 11][0]), "+f"(d[kOff + 11][1]), "+f"(d[kOff + 11][2]), "+f"(d[kOff + 11][3]), "+f"(d[kOff + 12][0]), "+f"(d[kOff + 12][1]), "+f"(d[kOff + 12][2]), "+f"(d[kOff + 12][3]), "+f"(d[kOff + 13][0]), "+f"(d[kOff + 13][1]), "+f"(d[kOff + 13][2]), "+f"(d[kOff + 13][3]), "+f"(d[kOff + 14][0]), "+f"(d[kOff + 14][1]), "+f"(d[kOff + 14][2]), "+f"(d[kOff + 14][3]), "+f"(d[kOff + 15][0]), "+f"(d[kOff + 15][1]), "+f"(d[kOff + 15][2]), "+f"(d[kOff + 15][3]), "+f"(d[kOff + 16][0]), "+f"(d[kOff + 16][1]), "+f"(d[kOff + 16][2]), "+f"(d[kOff + 16][3]), "+f"(d[kOff + 17][0]), "+f"(d[kOff + 17][1]), "+f"(d[kOff + 17][2]), "+f"(d[kOff + 17][3]), "+f"(d[kOff + 18][0]), "+f"(d[kOff + 18][1]), "+f"(d[kOff + 18][2]), "+f"(d[kOff + 18][3]), "+f"(d[kOff + 19][0]), "+f"(d[kOff + 19][1]), "+f"(d[kOff + 19][2]), "+f"(d[kOff + 19][3])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+template <int kOff, int kT>
+__device__ __forceinline__ void ss_m64n176k16(float (&d)[kT][4], u64 desc_a, u64 desc_b, int scale_d, Bf16) {
+  static_assert(kOff + 22 <= kT, "n8 tiles of the accumulator");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n176k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87}, %88, %89, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[kOff + 0][0]), "+f"(d[kOff + 0][1]), "+f"(d[kOff + 0][2]), "+f"(d[kOff + 0][3]), "+f"(d[kOff + 1][0]), "+f"(d[kOff + 1][1]), "+f"(d[kOff + 1][2]), "+f"(d[kOff + 1][3]), "+f"(d[kOff + 2][0]), "+f"(d[kOff + 2][1]), "+f"(d[kOff + 2][2]), "+f"(d[kOff + 2][3]), "+f"(d[kOff + 3][0]), "+f"(d[kOff + 3][1]), "+f"(d[kOff + 3][2]), "+f"(d[kOff + 3][3]), "+f"(d[kOff + 4][0]), "+f"(d[kOff + 4][1]), "+f"(d[kOff + 4][2]), "+f"(d[kOff + 4][3]), "+f"(d[kOff + 5][0]), "+f"(d[kOff + 5][1]), "+f"(d[kOff + 5][2]), "+f"(d[kOff + 5][3]), "+f"(d[kOff + 6][0]), "+f"(d[kOff + 6][1]), "+f"(d[kOff + 6][2]), "+f"(d[kOff + 6][3]), "+f"(d[kOff + 7][0]), "+f"(d[kOff + 7][1]), "+f"(d[kOff + 7][2]), "+f"(d[kOff + 7][3]), "+f"(d[kOff + 8][0]), "+f"(d[kOff + 8][1]), "+f"(d[kOff + 8][2]), "+f"(d[kOff + 8][3]), "+f"(d[kOff + 9][0]), "+f"(d[kOff + 9][1]), "+f"(d[kOff + 9][2]), "+f"(d[kOff + 9][3]), "+f"(d[kOff + 10][0]), "+f"(d[kOff + 10][1]), "+f"(d[kOff + 10][2]), "+f"(d[kOff + 10][3]), "+f"(d[kOff + 11][0]), "+f"(d[kOff + 11][1]), "+f"(d[kOff + 11][2]), "+f"(d[kOff + 11][3]), "+f"(d[kOff + 12][0]), "+f"(d[kOff + 12][1]), "+f"(d[kOff + 12][2]), "+f"(d[kOff + 12][3]), "+f"(d[kOff + 13][0]), "+f"(d[kOff + 13][1]), "+f"(d[kOff + 13][2]), "+f"(d[kOff + 13][3]), "+f"(d[kOff + 14][0]), "+f"(d[kOff + 14][1]), "+f"(d[kOff + 14][2]), "+f"(d[kOff + 14][3]), "+f"(d[kOff + 15][0]), "+f"(d[kOff + 15][1]), "+f"(d[kOff + 15][2]), "+f"(d[kOff + 15][3]), "+f"(d[kOff + 16][0]), "+f"(d[kOff + 16][1]), "+f"(d[kOff + 16][2]), "+f"(d[kOff + 16][3]), "+f"(d[kOff + 17][0]), "+f"(d[kOff + 17][1]), "+f"(d[kOff + 17][2]), "+f"(d[kOff + 17][3]), "+f"(d[kOff + 18][0]), "+f"(d[kOff + 18][1]), "+f"(d[kOff + 18][2]), "+f"(d[kOff + 18][3]), "+f"(d[kOff + 19][0]), "+f"(d[kOff + 19][1]), "+f"(d[kOff + 19][2]), "+f"(d[kOff + 19][3]), "+f"(d[kOff + 20][0]), "+f"(d[kOff + 20][1]), "+f"(d[kOff + 20][2]), "+f"(d[kOff + 20][3]), "+f"(d[kOff + 21][0]), "+f"(d[kOff + 21][1]), "+f"(d[kOff + 21][2]), "+f"(d[kOff + 21][3])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+template <int kOff, int kT>
+__device__ __forceinline__ void ss_m64n192k16(float (&d)[kT][4], u64 desc_a, u64 desc_b, int scale_d, Bf16) {
+  static_assert(kOff + 24 <= kT, "n8 tiles of the accumulator");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95}, %96, %97, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[kOff + 0][0]), "+f"(d[kOff + 0][1]), "+f"(d[kOff + 0][2]), "+f"(d[kOff + 0][3]), "+f"(d[kOff + 1][0]), "+f"(d[kOff + 1][1]), "+f"(d[kOff + 1][2]), "+f"(d[kOff + 1][3]), "+f"(d[kOff + 2][0]), "+f"(d[kOff + 2][1]), "+f"(d[kOff + 2][2]), "+f"(d[kOff + 2][3]), "+f"(d[kOff + 3][0]), "+f"(d[kOff + 3][1]), "+f"(d[kOff + 3][2]), "+f"(d[kOff + 3][3]), "+f"(d[kOff + 4][0]), "+f"(d[kOff + 4][1]), "+f"(d[kOff + 4][2]), "+f"(d[kOff + 4][3]), "+f"(d[kOff + 5][0]), "+f"(d[kOff + 5][1]), "+f"(d[kOff + 5][2]), "+f"(d[kOff + 5][3]), "+f"(d[kOff + 6][0]), "+f"(d[kOff + 6][1]), "+f"(d[kOff + 6][2]), "+f"(d[kOff + 6][3]), "+f"(d[kOff + 7][0]), "+f"(d[kOff + 7][1]), "+f"(d[kOff + 7][2]), "+f"(d[kOff + 7][3]), "+f"(d[kOff + 8][0]), "+f"(d[kOff + 8][1]), "+f"(d[kOff + 8][2]), "+f"(d[kOff + 8][3]), "+f"(d[kOff + 9][0]), "+f"(d[kOff + 9][1]), "+f"(d[kOff + 9][2]), "+f"(d[kOff + 9][3]), "+f"(d[kOff + 10][0]), "+f"(d[kOff + 10][1]), "+f"(d[kOff + 10][2]), "+f"(d[kOff + 10][3]), "+f"(d[kOff + 11][0]), "+f"(d[kOff + 11][1]), "+f"(d[kOff + 11][2]), "+f"(d[kOff + 11][3]), "+f"(d[kOff + 12][0]), "+f"(d[kOff + 12][1]), "+f"(d[kOff + 12][2]), "+f"(d[kOff + 12][3]), "+f"(d[kOff + 13][0]), "+f"(d[kOff + 13][1]), "+f"(d[kOff + 13][2]), "+f"(d[kOff + 13][3]), "+f"(d[kOff + 14][0]), "+f"(d[kOff + 14][1]), "+f"(d[kOff + 14][2]), "+f"(d[kOff + 14][3]), "+f"(d[kOff + 15][0]), "+f"(d[kOff + 15][1]), "+f"(d[kOff + 15][2]), "+f"(d[kOff + 15][3]), "+f"(d[kOff + 16][0]), "+f"(d[kOff + 16][1]), "+f"(d[kOff + 16][2]), "+f"(d[kOff + 16][3]), "+f"(d[kOff + 17][0]), "+f"(d[kOff + 17][1]), "+f"(d[kOff + 17][2]), "+f"(d[kOff + 17][3]), "+f"(d[kOff + 18][0]), "+f"(d[kOff + 18][1]), "+f"(d[kOff + 18][2]), "+f"(d[kOff + 18][3]), "+f"(d[kOff + 19][0]), "+f"(d[kOff + 19][1]), "+f"(d[kOff + 19][2]), "+f"(d[kOff + 19][3]), "+f"(d[kOff + 20][0]), "+f"(d[kOff + 20][1]), "+f"(d[kOff + 20][2]), "+f"(d[kOff + 20][3]), "+f"(d[kOff + 21][0]), "+f"(d[kOff + 21][1]), "+f"(d[kOff + 21][2]), "+f"(d[kOff + 21][3]), "+f"(d[kOff + 22][0]), "+f"(d[kOff + 22][1]), "+f"(d[kOff + 22][2]), "+f"(d[kOff + 22][3]), "+f"(d[kOff + 23][0]), "+f"(d[kOff + 23][1]), "+f"(d[kOff + 23][2]), "+f"(d[kOff + 23][3])
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
@@ -61,6 +105,17 @@ __device__ __forceinline__ void ss_m64n64k16(float (&d)[kT][4], u64 desc_a, u64 
 }
 
 template <int kOff, int kT>
+__device__ __forceinline__ void ss_m64n80k16(float (&d)[kT][4], u64 desc_a, u64 desc_b, int scale_d, F16) {
+  static_assert(kOff + 10 <= kT, "n8 tiles of the accumulator");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39}, %40, %41, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[kOff + 0][0]), "+f"(d[kOff + 0][1]), "+f"(d[kOff + 0][2]), "+f"(d[kOff + 0][3]), "+f"(d[kOff + 1][0]), "+f"(d[kOff + 1][1]), "+f"(d[kOff + 1][2]), "+f"(d[kOff + 1][3]), "+f"(d[kOff + 2][0]), "+f"(d[kOff + 2][1]), "+f"(d[kOff + 2][2]), "+f"(d[kOff + 2][3]), "+f"(d[kOff + 3][0]), "+f"(d[kOff + 3][1]), "+f"(d[kOff + 3][2]), "+f"(d[kOff + 3][3]), "+f"(d[kOff + 4][0]), "+f"(d[kOff + 4][1]), "+f"(d[kOff + 4][2]), "+f"(d[kOff + 4][3]), "+f"(d[kOff + 5][0]), "+f"(d[kOff + 5][1]), "+f"(d[kOff + 5][2]), "+f"(d[kOff + 5][3]), "+f"(d[kOff + 6][0]), "+f"(d[kOff + 6][1]), "+f"(d[kOff + 6][2]), "+f"(d[kOff + 6][3]), "+f"(d[kOff + 7][0]), "+f"(d[kOff + 7][1]), "+f"(d[kOff + 7][2]), "+f"(d[kOff + 7][3]), "+f"(d[kOff + 8][0]), "+f"(d[kOff + 8][1]), "+f"(d[kOff + 8][2]), "+f"(d[kOff + 8][3]), "+f"(d[kOff + 9][0]), "+f"(d[kOff + 9][1]), "+f"(d[kOff + 9][2]), "+f"(d[kOff + 9][3])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+template <int kOff, int kT>
 __device__ __forceinline__ void ss_m64n128k16(float (&d)[kT][4], u64 desc_a, u64 desc_b, int scale_d, F16) {
   static_assert(kOff + 16 <= kT, "n8 tiles of the accumulator");
   asm volatile(
@@ -68,6 +123,39 @@ __device__ __forceinline__ void ss_m64n128k16(float (&d)[kT][4], u64 desc_a, u64
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n"
       "}\n"
       : "+f"(d[kOff + 0][0]), "+f"(d[kOff + 0][1]), "+f"(d[kOff + 0][2]), "+f"(d[kOff + 0][3]), "+f"(d[kOff + 1][0]), "+f"(d[kOff + 1][1]), "+f"(d[kOff + 1][2]), "+f"(d[kOff + 1][3]), "+f"(d[kOff + 2][0]), "+f"(d[kOff + 2][1]), "+f"(d[kOff + 2][2]), "+f"(d[kOff + 2][3]), "+f"(d[kOff + 3][0]), "+f"(d[kOff + 3][1]), "+f"(d[kOff + 3][2]), "+f"(d[kOff + 3][3]), "+f"(d[kOff + 4][0]), "+f"(d[kOff + 4][1]), "+f"(d[kOff + 4][2]), "+f"(d[kOff + 4][3]), "+f"(d[kOff + 5][0]), "+f"(d[kOff + 5][1]), "+f"(d[kOff + 5][2]), "+f"(d[kOff + 5][3]), "+f"(d[kOff + 6][0]), "+f"(d[kOff + 6][1]), "+f"(d[kOff + 6][2]), "+f"(d[kOff + 6][3]), "+f"(d[kOff + 7][0]), "+f"(d[kOff + 7][1]), "+f"(d[kOff + 7][2]), "+f"(d[kOff + 7][3]), "+f"(d[kOff + 8][0]), "+f"(d[kOff + 8][1]), "+f"(d[kOff + 8][2]), "+f"(d[kOff + 8][3]), "+f"(d[kOff + 9][0]), "+f"(d[kOff + 9][1]), "+f"(d[kOff + 9][2]), "+f"(d[kOff + 9][3]), "+f"(d[kOff + 10][0]), "+f"(d[kOff + 10][1]), "+f"(d[kOff + 10][2]), "+f"(d[kOff + 10][3]), "+f"(d[kOff + 11][0]), "+f"(d[kOff + 11][1]), "+f"(d[kOff + 11][2]), "+f"(d[kOff + 11][3]), "+f"(d[kOff + 12][0]), "+f"(d[kOff + 12][1]), "+f"(d[kOff + 12][2]), "+f"(d[kOff + 12][3]), "+f"(d[kOff + 13][0]), "+f"(d[kOff + 13][1]), "+f"(d[kOff + 13][2]), "+f"(d[kOff + 13][3]), "+f"(d[kOff + 14][0]), "+f"(d[kOff + 14][1]), "+f"(d[kOff + 14][2]), "+f"(d[kOff + 14][3]), "+f"(d[kOff + 15][0]), "+f"(d[kOff + 15][1]), "+f"(d[kOff + 15][2]), "+f"(d[kOff + 15][3])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+template <int kOff, int kT>
+__device__ __forceinline__ void ss_m64n160k16(float (&d)[kT][4], u64 desc_a, u64 desc_b, int scale_d, F16) {
+  static_assert(kOff + 20 <= kT, "n8 tiles of the accumulator");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %82, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n160k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79}, %80, %81, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[kOff + 0][0]), "+f"(d[kOff + 0][1]), "+f"(d[kOff + 0][2]), "+f"(d[kOff + 0][3]), "+f"(d[kOff + 1][0]), "+f"(d[kOff + 1][1]), "+f"(d[kOff + 1][2]), "+f"(d[kOff + 1][3]), "+f"(d[kOff + 2][0]), "+f"(d[kOff + 2][1]), "+f"(d[kOff + 2][2]), "+f"(d[kOff + 2][3]), "+f"(d[kOff + 3][0]), "+f"(d[kOff + 3][1]), "+f"(d[kOff + 3][2]), "+f"(d[kOff + 3][3]), "+f"(d[kOff + 4][0]), "+f"(d[kOff + 4][1]), "+f"(d[kOff + 4][2]), "+f"(d[kOff + 4][3]), "+f"(d[kOff + 5][0]), "+f"(d[kOff + 5][1]), "+f"(d[kOff + 5][2]), "+f"(d[kOff + 5][3]), "+f"(d[kOff + 6][0]), "+f"(d[kOff + 6][1]), "+f"(d[kOff + 6][2]), "+f"(d[kOff + 6][3]), "+f"(d[kOff + 7][0]), "+f"(d[kOff + 7][1]), "+f"(d[kOff + 7][2]), "+f"(d[kOff + 7][3]), "+f"(d[kOff + 8][0]), "+f"(d[kOff + 8][1]), "+f"(d[kOff + 8][2]), "+f"(d[kOff + 8][3]), "+f"(d[kOff + 9][0]), "+f"(d[kOff + 9][1]), "+f"(d[kOff + 9][2]), "+f"(d[kOff + 9][3]), "+f"(d[kOff + 10][0]), "+f"(d[kOff + 10][1]), "+f"(d[kOff + 10][2]), "+f"(d[kOff + 10][3]), "+f"(d[kOff + 11][0]), "+f"(d[kOff + 11][1]), "+f"(d[kOff + 11][2]), "+f"(d[kOff + 11][3]), "+f"(d[kOff + 12][0]), "+f"(d[kOff + 12][1]), "+f"(d[kOff + 12][2]), "+f"(d[kOff + 12][3]), "+f"(d[kOff + 13][0]), "+f"(d[kOff + 13][1]), "+f"(d[kOff + 13][2]), "+f"(d[kOff + 13][3]), "+f"(d[kOff + 14][0]), "+f"(d[kOff + 14][1]), "+f"(d[kOff + 14][2]), "+f"(d[kOff + 14][3]), "+f"(d[kOff + 15][0]), "+f"(d[kOff + 15][1]), "+f"(d[kOff + 15][2]), "+f"(d[kOff + 15][3]), "+f"(d[kOff + 16][0]), "+f"(d[kOff + 16][1]), "+f"(d[kOff + 16][2]), "+f"(d[kOff + 16][3]), "+f"(d[kOff + 17][0]), "+f"(d[kOff + 17][1]), "+f"(d[kOff + 17][2]), "+f"(d[kOff + 17][3]), "+f"(d[kOff + 18][0]), "+f"(d[kOff + 18][1]), "+f"(d[kOff + 18][2]), "+f"(d[kOff + 18][3]), "+f"(d[kOff + 19][0]), "+f"(d[kOff + 19][1]), "+f"(d[kOff + 19][2]), "+f"(d[kOff + 19][3])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+template <int kOff, int kT>
+__device__ __forceinline__ void ss_m64n176k16(float (&d)[kT][4], u64 desc_a, u64 desc_b, int scale_d, F16) {
+  static_assert(kOff + 22 <= kT, "n8 tiles of the accumulator");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n176k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87}, %88, %89, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[kOff + 0][0]), "+f"(d[kOff + 0][1]), "+f"(d[kOff + 0][2]), "+f"(d[kOff + 0][3]), "+f"(d[kOff + 1][0]), "+f"(d[kOff + 1][1]), "+f"(d[kOff + 1][2]), "+f"(d[kOff + 1][3]), "+f"(d[kOff + 2][0]), "+f"(d[kOff + 2][1]), "+f"(d[kOff + 2][2]), "+f"(d[kOff + 2][3]), "+f"(d[kOff + 3][0]), "+f"(d[kOff + 3][1]), "+f"(d[kOff + 3][2]), "+f"(d[kOff + 3][3]), "+f"(d[kOff + 4][0]), "+f"(d[kOff + 4][1]), "+f"(d[kOff + 4][2]), "+f"(d[kOff + 4][3]), "+f"(d[kOff + 5][0]), "+f"(d[kOff + 5][1]), "+f"(d[kOff + 5][2]), "+f"(d[kOff + 5][3]), "+f"(d[kOff + 6][0]), "+f"(d[kOff + 6][1]), "+f"(d[kOff + 6][2]), "+f"(d[kOff + 6][3]), "+f"(d[kOff + 7][0]), "+f"(d[kOff + 7][1]), "+f"(d[kOff + 7][2]), "+f"(d[kOff + 7][3]), "+f"(d[kOff + 8][0]), "+f"(d[kOff + 8][1]), "+f"(d[kOff + 8][2]), "+f"(d[kOff + 8][3]), "+f"(d[kOff + 9][0]), "+f"(d[kOff + 9][1]), "+f"(d[kOff + 9][2]), "+f"(d[kOff + 9][3]), "+f"(d[kOff + 10][0]), "+f"(d[kOff + 10][1]), "+f"(d[kOff + 10][2]), "+f"(d[kOff + 10][3]), "+f"(d[kOff + 11][0]), "+f"(d[kOff + 11][1]), "+f"(d[kOff + 11][2]), "+f"(d[kOff + 11][3]), "+f"(d[kOff + 12][0]), "+f"(d[kOff + 12][1]), "+f"(d[kOff + 12][2]), "+f"(d[kOff + 12][3]), "+f"(d[kOff + 13][0]), "+f"(d[kOff + 13][1]), "+f"(d[kOff + 13][2]), "+f"(d[kOff + 13][3]), "+f"(d[kOff + 14][0]), "+f"(d[kOff + 14][1]), "+f"(d[kOff + 14][2]), "+f"(d[kOff + 14][3]), "+f"(d[kOff + 15][0]), "+f"(d[kOff + 15][1]), "+f"(d[kOff + 15][2]), "+f"(d[kOff + 15][3]), "+f"(d[kOff + 16][0]), "+f"(d[kOff + 16][1]), "+f"(d[kOff + 16][2]), "+f"(d[kOff + 16][3]), "+f"(d[kOff + 17][0]), "+f"(d[kOff + 17][1]), "+f"(d[kOff + 17][2]), "+f"(d[kOff + 17][3]), "+f"(d[kOff + 18][0]), "+f"(d[kOff + 18][1]), "+f"(d[kOff + 18][2]), "+f"(d[kOff + 18][3]), "+f"(d[kOff + 19][0]), "+f"(d[kOff + 19][1]), "+f"(d[kOff + 19][2]), "+f"(d[kOff + 19][3]), "+f"(d[kOff + 20][0]), "+f"(d[kOff + 20][1]), "+f"(d[kOff + 20][2]), "+f"(d[kOff + 20][3]), "+f"(d[kOff + 21][0]), "+f"(d[kOff + 21][1]), "+f"(d[kOff + 21][2]), "+f"(d[kOff + 21][3])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+template <int kOff, int kT>
+__device__ __forceinline__ void ss_m64n192k16(float (&d)[kT][4], u64 desc_a, u64 desc_b, int scale_d, F16) {
+  static_assert(kOff + 24 <= kT, "n8 tiles of the accumulator");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95}, %96, %97, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[kOff + 0][0]), "+f"(d[kOff + 0][1]), "+f"(d[kOff + 0][2]), "+f"(d[kOff + 0][3]), "+f"(d[kOff + 1][0]), "+f"(d[kOff + 1][1]), "+f"(d[kOff + 1][2]), "+f"(d[kOff + 1][3]), "+f"(d[kOff + 2][0]), "+f"(d[kOff + 2][1]), "+f"(d[kOff + 2][2]), "+f"(d[kOff + 2][3]), "+f"(d[kOff + 3][0]), "+f"(d[kOff + 3][1]), "+f"(d[kOff + 3][2]), "+f"(d[kOff + 3][3]), "+f"(d[kOff + 4][0]), "+f"(d[kOff + 4][1]), "+f"(d[kOff + 4][2]), "+f"(d[kOff + 4][3]), "+f"(d[kOff + 5][0]), "+f"(d[kOff + 5][1]), "+f"(d[kOff + 5][2]), "+f"(d[kOff + 5][3]), "+f"(d[kOff + 6][0]), "+f"(d[kOff + 6][1]), "+f"(d[kOff + 6][2]), "+f"(d[kOff + 6][3]), "+f"(d[kOff + 7][0]), "+f"(d[kOff + 7][1]), "+f"(d[kOff + 7][2]), "+f"(d[kOff + 7][3]), "+f"(d[kOff + 8][0]), "+f"(d[kOff + 8][1]), "+f"(d[kOff + 8][2]), "+f"(d[kOff + 8][3]), "+f"(d[kOff + 9][0]), "+f"(d[kOff + 9][1]), "+f"(d[kOff + 9][2]), "+f"(d[kOff + 9][3]), "+f"(d[kOff + 10][0]), "+f"(d[kOff + 10][1]), "+f"(d[kOff + 10][2]), "+f"(d[kOff + 10][3]), "+f"(d[kOff + 11][0]), "+f"(d[kOff + 11][1]), "+f"(d[kOff + 11][2]), "+f"(d[kOff + 11][3]), "+f"(d[kOff + 12][0]), "+f"(d[kOff + 12][1]), "+f"(d[kOff + 12][2]), "+f"(d[kOff + 12][3]), "+f"(d[kOff + 13][0]), "+f"(d[kOff + 13][1]), "+f"(d[kOff + 13][2]), "+f"(d[kOff + 13][3]), "+f"(d[kOff + 14][0]), "+f"(d[kOff + 14][1]), "+f"(d[kOff + 14][2]), "+f"(d[kOff + 14][3]), "+f"(d[kOff + 15][0]), "+f"(d[kOff + 15][1]), "+f"(d[kOff + 15][2]), "+f"(d[kOff + 15][3]), "+f"(d[kOff + 16][0]), "+f"(d[kOff + 16][1]), "+f"(d[kOff + 16][2]), "+f"(d[kOff + 16][3]), "+f"(d[kOff + 17][0]), "+f"(d[kOff + 17][1]), "+f"(d[kOff + 17][2]), "+f"(d[kOff + 17][3]), "+f"(d[kOff + 18][0]), "+f"(d[kOff + 18][1]), "+f"(d[kOff + 18][2]), "+f"(d[kOff + 18][3]), "+f"(d[kOff + 19][0]), "+f"(d[kOff + 19][1]), "+f"(d[kOff + 19][2]), "+f"(d[kOff + 19][3]), "+f"(d[kOff + 20][0]), "+f"(d[kOff + 20][1]), "+f"(d[kOff + 20][2]), "+f"(d[kOff + 20][3]), "+f"(d[kOff + 21][0]), "+f"(d[kOff + 21][1]), "+f"(d[kOff + 21][2]), "+f"(d[kOff + 21][3]), "+f"(d[kOff + 22][0]), "+f"(d[kOff + 22][1]), "+f"(d[kOff + 22][2]), "+f"(d[kOff + 22][3]), "+f"(d[kOff + 23][0]), "+f"(d[kOff + 23][1]), "+f"(d[kOff + 23][2]), "+f"(d[kOff + 23][3])
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
@@ -80,6 +168,18 @@ __device__ __forceinline__ void rs_m64n64k16(float (&d)[kT][4], const u32 (&a)[4
       "}\n"
       : "+f"(d[kOff + 0][0]), "+f"(d[kOff + 0][1]), "+f"(d[kOff + 0][2]), "+f"(d[kOff + 0][3]), "+f"(d[kOff + 1][0]), "+f"(d[kOff + 1][1]), "+f"(d[kOff + 1][2]), "+f"(d[kOff + 1][3]), "+f"(d[kOff + 2][0]), "+f"(d[kOff + 2][1]), "+f"(d[kOff + 2][2]), "+f"(d[kOff + 2][3]), "+f"(d[kOff + 3][0]), "+f"(d[kOff + 3][1]), "+f"(d[kOff + 3][2]), "+f"(d[kOff + 3][3]), "+f"(d[kOff + 4][0]), "+f"(d[kOff + 4][1]), "+f"(d[kOff + 4][2]), "+f"(d[kOff + 4][3]), "+f"(d[kOff + 5][0]), "+f"(d[kOff + 5][1]), "+f"(d[kOff + 5][2]), "+f"(d[kOff + 5][3]), "+f"(d[kOff + 6][0]), "+f"(d[kOff + 6][1]), "+f"(d[kOff + 6][2]), "+f"(d[kOff + 6][3]), "+f"(d[kOff + 7][0]), "+f"(d[kOff + 7][1]), "+f"(d[kOff + 7][2]), "+f"(d[kOff + 7][3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+// S(64 x kN) (+)= Q K^T for one k step: the ss wrapper of width kN.
+template <int kN, class Elem, int kT>
+__device__ __forceinline__ void ss_qk(float (&d)[kT][4], u64 desc_a, u64 desc_b, int scale_d, Elem e) {
+  if constexpr (kN == 64) ss_m64n64k16<0>(d, desc_a, desc_b, scale_d, e);
+  else if constexpr (kN == 80) ss_m64n80k16<0>(d, desc_a, desc_b, scale_d, e);
+  else if constexpr (kN == 128) ss_m64n128k16<0>(d, desc_a, desc_b, scale_d, e);
+  else if constexpr (kN == 160) ss_m64n160k16<0>(d, desc_a, desc_b, scale_d, e);
+  else if constexpr (kN == 176) ss_m64n176k16<0>(d, desc_a, desc_b, scale_d, e);
+  else if constexpr (kN == 192) ss_m64n192k16<0>(d, desc_a, desc_b, scale_d, e);
+  else static_assert(kN < 0, "tools/gen_wgmma.py: no ss wrapper of this width (SHAPES)");
 }
 
 }  // namespace wgmma

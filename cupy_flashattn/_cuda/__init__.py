@@ -21,6 +21,7 @@ from .compile import (  # noqa: F401
     parse_ptxas_log,
     precompile,
     shipped_keys,
+    key_traits,
     traits,
 )
 from .launch import PrefillPlan, is_available, needs_temporaries, select_kernel  # noqa: F401
@@ -108,7 +109,7 @@ def describe_launches(problem, sm_count=None, arch=None, device_cc=None) -> tupl
                         len_q=(1, limit) if limit is not None else (1, None)))
     if kind in ("prefill", "mixed"):
         key = select_kernel(problem, arch=arch, device_cc=device_cc)
-        tr = traits(key.head_dim, key.arch, key.dtype)
+        tr = key_traits(key)
         if key.arch == "sm90" and sm_count is None and device_cc is not None:
             sm_count = 132  # described for a 9.0 device without one: an H100 / H200 SXM
         grid = launch_grid(problem, tr, key.arch, sm_count=sm_count)

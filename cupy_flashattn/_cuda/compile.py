@@ -36,6 +36,7 @@ __all__ = [
     "DTYPES",
     "PARAMS",
     "traits",
+    "key_traits",
     "override_traits",
     "shipped_keys",
     "get_kernel",
@@ -142,6 +143,10 @@ def is_precise(dtype_tag: str) -> bool:
 #: sends these problems to sm80.  Empty today (every one compiles spill-free); the place to
 #: park a combination that stops doing so.
 SM90_UNSHIPPED = frozenset()
+#: sm90 buckets with a "wide" kernel (KernelKey.wide): the key tile FlashAttention-3 uses when no
+#: causal / local window bands the tiles -- 176 keys at D = 128 against 128 with a window
+#: (sm90/kernel_traits.cuh has the measurement).  Dense or varlen K/V, no softcap / ALiBi.
+SM90_WIDE_BUCKETS = (128,)
 
 
 def family_prefix(kind: str, arch: str) -> str:
@@ -157,13 +162,16 @@ class KernelKey:
     transform: softcap and/or ALiBi (both switched inside by run-time values, so one kernel
     serves either or both); paged: K/V through a block table.  Causal and sliding windows
     are run-time arguments of every kernel (they cost nothing on tiles they do not touch).
-    arch: the kernel family (ARCHS), i.e. which ``cuda_src/<arch>/flash_fwd.cu`` it is built from."""
+    arch: the kernel family (ARCHS), i.e. which ``cuda_src/<arch>/flash_fwd.cu`` it is built from.
+    wide: the sm90 kernel with the wider key tile of SM90_WIDE_BUCKETS, for problems without a
+    causal / local window (launch.select_kernel; any problem is still correct on it)."""
 
     dtype: str  # "f16" | "bf16" | PRECISE_DTYPES (sm80 only)
     head_dim: int  # bucket, one of HEAD_DIM_BUCKETS
     transform: bool = False
     paged: bool = False
     arch: str = "sm80"
+    wide: bool = False
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -177,10 +185,14 @@ class KernelKey:
             raise ValueError(
                 f"KernelKey.head_dim must be one of {buckets} for {self.arch}, got {self.head_dim!r}"
             )
+        if self.wide and (self.arch != "sm90" or self.paged or self.transform
+                          or self.head_dim not in SM90_WIDE_BUCKETS):
+            raise ValueError(f"KernelKey.wide: only sm90 dense kernels without transform of "
+                             f"buckets {SM90_WIDE_BUCKETS}, got {self!r}")
 
     @property
     def name(self) -> str:
-        flags = [f for f in ("transform", "paged") if getattr(self, f)]
+        flags = [f for f in ("transform", "paged", "wide") if getattr(self, f)]
         return "_".join([family_prefix("fwd", self.arch), self.dtype, f"d{self.head_dim}", *flags])
 
     def __str__(self) -> str:
@@ -257,12 +269,20 @@ def _trait_table(arch: str = "sm80") -> dict:
     return table
 
 
-def traits(head_dim_bucket: int, arch: str = "sm80", dtype: str = "bf16") -> Traits:
+def traits(head_dim_bucket: int, arch: str = "sm80", dtype: str = "bf16", paged: bool = False,
+           wide: bool = False) -> Traits:
+    """The tile numbers of one kernel family's bucket (sm90: the paged and the wide kernels have
+    their own, sm90/kernel_traits.cuh); :func:`key_traits` for a :class:`KernelKey`."""
     if dtype in PRECISE_DTYPES:
         return _trait_table("f64" if dtype == "f64" else "f32")[head_dim_bucket]
     if arch == "sm90":  # tuning overrides are an sm80 (FwdTraitsBase) facility
-        return _trait_table("sm90")[head_dim_bucket]
+        return _trait_table("sm90p" if paged else "sm90w" if wide else "sm90")[head_dim_bucket]
     return _OVERRIDES.get(head_dim_bucket) or _trait_table()[head_dim_bucket]
+
+
+def key_traits(key: "KernelKey") -> Traits:
+    """The tile numbers of the kernel ``key`` names."""
+    return traits(key.head_dim, key.arch, key.dtype, paged=key.paged, wide=key.wide)
 
 
 _OVERRIDES.update(_env_overrides(os.environ.get("CUPY_FLASHATTN_TRAITS", "")))
@@ -282,12 +302,15 @@ def override_traits(head_dim_bucket: int, tr: "Traits | None") -> None:
 
 def shipped_keys(arch: str = "sm80") -> list:
     """Every instantiation of one family the launcher may select (what CI compiles)."""
-    return [
+    keys = [
         KernelKey(dt, d, tf, pg, arch)
         for dt, d, tf, pg in itertools.product(DTYPES, head_dim_buckets(arch), (False, True),
                                                (False, True))
         if arch != "sm90" or (d, tf, pg) not in SM90_UNSHIPPED
     ]
+    if arch == "sm90":
+        keys += [KernelKey(dt, d, arch="sm90", wide=True) for dt in DTYPES for d in SM90_WIDE_BUCKETS]
+    return keys
 
 
 def shipped_precise_keys(dtypes: Sequence[str] = PRECISE_DTYPES) -> list:
@@ -345,10 +368,10 @@ extern "C" __global__ void __launch_bounds__({t.num_threads}, {t.min_blocks_per_
 
 
 def _wrapper_sm90(key: KernelKey) -> str:
-    t = traits(key.head_dim, "sm90")
+    t = key_traits(key)
     elem = "fa::Bf16" if key.dtype == "bf16" else "fa::F16"
-    tr_cxx = f"fa::Sm90FwdTraits<{key.head_dim}>"
     b = lambda x: "true" if x else "false"  # noqa: E731
+    tr_cxx = f"fa::Sm90FwdTraits<{key.head_dim}, {b(key.paged)}, {b(key.wide)}>"
     # (threads, 1): setmaxnreg needs the register cap at entry that the 1 gives.
     return f"""
 static_assert({tr_cxx}::kNThreads == {t.num_threads} && {tr_cxx}::kSmemBytes == {t.smem_bytes},
@@ -391,7 +414,7 @@ def get_kernel(key: KernelKey):
     if key not in _COMPILED:
         _COMPILED.append(key)
     if key.arch == "sm90":
-        smem = traits(key.head_dim, "sm90").smem_bytes
+        smem = key_traits(key).smem_bytes
         return load_function(("fwd", key), lambda: kernel_source(key), key.name, smem,
                              target=NVRTC_TARGET["sm90"])
     if key.dtype in PRECISE_DTYPES:

@@ -107,10 +107,14 @@ def _all_facts() -> dict:
     decode = {d: dict(zip(DECODE_FACTS, vals[i::k])) for i, d in enumerate(DECODE_BUCKETS)}
     from .compile import SM90_HEAD_DIM_BUCKETS
 
-    exprs = [f"fa::Sm90FwdTraits<{d}>::{f}" for d in SM90_HEAD_DIM_BUCKETS for f in PREFILL_FACTS]
-    vals = _evaluate(build_source("sm90/kernel_traits.cuh"), exprs)
-    prefill_sm90 = {d: dict(zip(PREFILL_FACTS, vals[i * n:(i + 1) * n]))
-                    for i, d in enumerate(SM90_HEAD_DIM_BUCKETS)}
+    sm90 = {}
+    for table, flags in (("prefill_sm90", "false, false"), ("prefill_sm90_paged", "true, false"),
+                         ("prefill_sm90_wide", "false, true")):
+        exprs = [f"fa::Sm90FwdTraits<{d}, {flags}>::{f}" for d in SM90_HEAD_DIM_BUCKETS
+                 for f in PREFILL_FACTS]
+        vals = _evaluate(build_source("sm90/kernel_traits.cuh"), exprs)
+        sm90[table] = {d: dict(zip(PREFILL_FACTS, vals[i * n:(i + 1) * n]))
+                       for i, d in enumerate(SM90_HEAD_DIM_BUCKETS)}
     from .compile import PRECISE_HEAD_DIM_BUCKETS
 
     precise = {}
@@ -120,7 +124,7 @@ def _all_facts() -> dict:
         vals = _evaluate(build_source("sm80/kernel_traits_precise.cuh"), exprs)
         precise[f"prefill_{tag}"] = {d: dict(zip(PREFILL_FACTS, vals[i * n:(i + 1) * n]))
                                      for i, d in enumerate(buckets)}
-    facts = {"prefill": prefill, "prefill_sm90": prefill_sm90, "decode": decode, **precise}
+    facts = {"prefill": prefill, **sm90, "decode": decode, **precise}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -133,9 +137,11 @@ def _all_facts() -> dict:
 
 def prefill_facts(arch: str = "sm80") -> dict:
     """head-dim bucket -> {PREFILL_FACTS name: value} of ``fa::FwdTraits<bucket>`` (sm80),
-    ``fa::Sm90FwdTraits<bucket>`` (sm90) or ``fa::PreciseFwdTraits<float|double, bucket>``
-    ("f32" / "f64")."""
-    table = {"sm90": "prefill_sm90", "f32": "prefill_f32", "f64": "prefill_f64"}
+    ``fa::Sm90FwdTraits<bucket, false, false>`` (sm90), ``<bucket, true, false>`` ("sm90p": the
+    paged kernels), ``<bucket, false, true>`` ("sm90w": the wide kernels) or
+    ``fa::PreciseFwdTraits<float|double, bucket>`` ("f32" / "f64")."""
+    table = {"sm90": "prefill_sm90", "sm90p": "prefill_sm90_paged", "sm90w": "prefill_sm90_wide",
+             "f32": "prefill_f32", "f64": "prefill_f64"}
     return _all_facts()[table.get(arch, "prefill")]
 
 

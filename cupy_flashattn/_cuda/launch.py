@@ -25,7 +25,8 @@ from ..problem import AttentionProblem
 from .args import Operands, compute_dtype, problem_pointers
 from .args import aligned as _aligned
 from .compile import (FWD_ARGS, PRECISE_ARGS, SM90_ARGS, SM90_HEAD_DIM_BUCKETS, SM90_UNSHIPPED,
-                      KernelKey, bucket_for, get_kernel, is_precise, kernel_dtype_tag, traits)
+                      KernelKey, bucket_for, get_kernel, is_precise, kernel_dtype_tag,
+                      key_traits)
 from .launcher import Launch, TmaLaunch, launch_packed
 from .schedule import dynamic_schedule, launch_grid, prefill_grid
 from .tma import fwd_geometries
@@ -142,15 +143,15 @@ def select_kernel(problem: AttentionProblem, arch=None, device_cc=None) -> Kerne
         arch = "sm80"  # the float32 / float64 kernel is mma.sync only, on every GPU
     elif arch is None:
         arch = prefill_arch(p.head_dim, transform, p.paged, device_cc)
-    from .compile import head_dim_buckets
+    from .compile import SM90_WIDE_BUCKETS, head_dim_buckets
 
-    return KernelKey(
-        dtype=dtype,
-        head_dim=bucket_for(p.head_dim, head_dim_buckets(arch, dtype)),
-        transform=transform,
-        paged=p.paged,
-        arch=arch,
-    )
+    bucket = bucket_for(p.head_dim, head_dim_buckets(arch, dtype))
+    # No causal / local window: the wider key tile (FlashAttention-3's choice; with a window
+    # the narrower tile wastes fewer masked keys on the band, kernel_traits.cuh).
+    wide = (arch == "sm90" and bucket in SM90_WIDE_BUCKETS and not transform and not p.paged
+            and p.window_left < 0 and p.window_right < 0)
+    return KernelKey(dtype=dtype, head_dim=bucket, transform=transform, paged=p.paged, arch=arch,
+                     wide=wide)
 
 
 def needs_temporaries(problem: AttentionProblem) -> bool:
@@ -178,7 +179,7 @@ class PrefillPlan:
     def __init__(self, problem: AttentionProblem, len_q_min: int = 0):
         p = problem
         key = select_kernel(p)
-        tr = traits(key.head_dim, key.arch, key.dtype)
+        tr = key_traits(key)
         self.compute_dtype = compute_dtype(key.dtype)
         self.len_q_min = len_q_min
         tiles = prefill_grid(p, tr)

@@ -52,8 +52,8 @@ def _encoder():
 
 
 class TmaGeometry:
-    """The shape, strides and box of one tensor map of 16-bit elements (rank 3: dense q / k / v;
-    rank 4: a paged pool), as ctypes arrays made once per plan (only the address changes per
+    """The shape, strides and box of one tensor map of 16-bit elements (rank 3: q;
+    rank 4: dense k / v, a paged pool), as ctypes arrays made once per plan (only the address changes per
     call).
 
     dims, strides: innermost first, in elements (strides of dims 1 .. rank-1; multiples of 8,
@@ -164,12 +164,20 @@ def paged_geometry(values: dict, block_n: int) -> TmaGeometry:
                        (64, 1, min(P, block_n), 1))
 
 
+def dense_kv_bounded(values: dict) -> bool:
+    """The kernel's rule (flash_fwd.cu dense_kv_bounded): every sequence is ``seqlen_k`` rows at
+    ``slot * seqlen_k`` (no cu_seqlens_k, seqused_k or leftpad_k), so the dense K/V maps can
+    hold each sequence as its own slice and a box past its end reads zeros."""
+    return (values["cu_seqlens_k"] is None and values["seqused_k"] is None
+            and values["leftpad_k"] is None and int(values["seqlen_k"]) > 0)
+
+
 def fwd_geometries(values: dict, block_m: int, block_n: int, paged: bool = False):
     """The q, k, v map geometries of a prefill launch from its FwdParams ``values``:
-    q (head_dim, H, total_q) box (64, 1, block_m); dense k, v (head_dim, Hk, k_rows) box
-    (64, 1, block_n); paged k, v: :func:`paged_geometry`, or None when the kernel gathers them
-    (then it reads only q's map).  (The kernels load head_dim in 64-column boxes; columns past
-    head_dim read zeros.)"""
+    q (head_dim, H, total_q) box (64, 1, block_m); dense k, v (head_dim, Hk, Sk, k_rows / Sk)
+    where :func:`dense_kv_bounded`, else (head_dim, Hk, k_rows, 1), box (64, 1, block_n, 1);
+    paged k, v: :func:`paged_geometry`, or None when the kernel gathers them (then it reads only
+    q's map).  (The kernels load head_dim in 64-column boxes; columns past head_dim read zeros.)"""
     d, h = int(values["head_dim"]), int(values["num_heads"])
     hk = h // int(values["h_per_kv"])
 
@@ -182,6 +190,13 @@ def fwd_geometries(values: dict, block_m: int, block_n: int, paged: bool = False
     if paged:
         kv = paged_geometry(values, block_n) if paged_tma_ok(values["page_size"], block_n) else None
     else:
-        kv = TmaGeometry((d, hk, k_rows), (stride(values["k_head_stride"], hk),
-                                           stride(values["k_row_stride"], k_rows)), (64, 1, block_n))
+        row_stride = int(values["k_row_stride"])
+        if dense_kv_bounded(values):
+            sk = int(values["seqlen_k"])
+            rows, slots = sk, k_rows // sk
+        else:
+            rows, slots = k_rows, 1
+        kv = TmaGeometry((d, hk, rows, slots),
+                         (stride(values["k_head_stride"], hk), stride(row_stride, rows),
+                          stride(row_stride * rows, slots)), (64, 1, block_n, 1))
     return (q, kv, kv)

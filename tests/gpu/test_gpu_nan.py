@@ -127,6 +127,21 @@ def test_prefill_nan_in_v(layout, dtype, D, causal):
     check(p, *run_prefill(p), e, dont_care=loose, **LSE_TOL)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_prefill_nan_in_the_next_sequences_first_value(D, causal):
+    """A dense batch of Sk = 600 keys (no key tile divides it): sequence 0's last key tile
+    reaches past its end into sequence 1's first rows.  Those rows must load as zeros -- the
+    sm90 kernel takes that tile by TMA from maps that end at each sequence's end
+    (flash_fwd.cu dense_kv_bounded) -- so a NaN in sequence 1's first V row stays out of
+    sequence 0 (0 * NaN would be NaN)."""
+    p = _case("dense", F16, D, causal)
+    e = poison_v(p, 1, 0, HK, D - 1)
+    loose = masked_v_rows(p, 1, 0, HK, D - 1, slack=256)
+    assert not loose[:600].any() and not e.out[:600].any()  # sequence 0: every element exact
+    check(p, *run_prefill(p), e, dont_care=loose, **LSE_TOL)
+
+
 @pytest.mark.parametrize("softcap", [0.0, 5.0])
 @pytest.mark.parametrize("sign", [1, -1])
 @pytest.mark.parametrize("causal", [False, True])
