@@ -56,17 +56,11 @@ def main(argv=None):
         del r
         return t1 - t0
 
-    def b2b(fn, n=3):
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        cupy.cuda.runtime.deviceSynchronize()
-        start.record()
-        for _ in range(n):
-            fn()
-        end.record()
-        end.synchronize()
-        return cupy.cuda.get_elapsed_time(start, end) * 1e-3 / n
+    from bench import Case, _kernel_only, kernel_sample
 
-    from bench import Case, _kernel_only
+    def b2b(fn):  # bench.py's kernel-only sample: events around 3 back-to-back calls
+        cupy.cuda.runtime.deviceSynchronize()
+        return kernel_sample(fn)
 
     print("row | who | host | call | call-nf | launch | b2b  (us, medians)")
     for item in args.rows.split(";"):
