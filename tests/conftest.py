@@ -3,6 +3,8 @@
 - Puts the repository root on ``sys.path`` so ``import cupy_flashattn`` works from a plain
   checkout (no ``pip install -e .`` needed).
 - Registers the ``gpu`` marker and skips ``gpu``-marked tests when no CUDA GPU is usable.
+- ``$CUPY_FLASHATTN_TEST_SHARD="i/N"`` keeps shard i of N of the collected tests
+  (tests/_shard.py; tools/gpu_suite_parallel.sh runs the N shards at once).
 """
 
 from __future__ import annotations
@@ -35,6 +37,14 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    shard = os.environ.get("CUPY_FLASHATTN_TEST_SHARD")
+    if shard:  # one of N parallel processes (tools/gpu_suite_parallel.sh; tests/_shard.py)
+        from _shard import select_shard
+
+        kept, dropped = select_shard(list(items), shard)
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items or cuda_gpu_available():
         return

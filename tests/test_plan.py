@@ -146,16 +146,19 @@ def test_a_9_0_device_runs_prefill_on_the_hopper_family():
 
     p = _problem(B=4, max_q=1000, max_k=1000, H=16, Hk=16, D=80, dtype=np.float16)
     (launch_,) = describe_launches(p, device_cc=90)
-    tr = cc.traits(128, "sm90", wide=True)
-    # No causal / local window: the wide key tile (compile.SM90_WIDE_BUCKETS).
-    assert launch_["kernel"] == "fa_fwd_sm90_f16_d128_wide" and launch_["arch"] == "sm90"
-    assert tr.block_n > cc.traits(128, "sm90").block_n
+    tr = cc.traits(128, "sm90")
+    assert launch_["kernel"] == "fa_fwd_sm90_f16_d128" and launch_["arch"] == "sm90"
+    # No causal / local window and keys at least SM90_WIDE_MIN_KEYS long: the wide key tile.
+    long_keys = dataclasses.replace(p, seqlen_k=cc.SM90_WIDE_MIN_KEYS, max_seqlen_k=cc.SM90_WIDE_MIN_KEYS)
+    assert describe_launches(long_keys, device_cc=90)[0]["kernel"] == "fa_fwd_sm90_f16_d128_wide"
+    assert cc.traits(128, "sm90", wide=True).block_n > tr.block_n
     for window in ((-1, 0), (100, -1), (-1, 100)):  # causal, local: the narrow tile
-        banded = dataclasses.replace(p, window_left=window[0], window_right=window[1])
+        banded = dataclasses.replace(long_keys, window_left=window[0], window_right=window[1])
         assert describe_launches(banded, device_cc=90)[0]["kernel"] == "fa_fwd_sm90_f16_d128"
     # Softcap / ALiBi and paged K/V keep the narrow tile too.
+    n = cc.SM90_WIDE_MIN_KEYS
     for other in (dict(softcap=30.0), dict(alibi=True), dict(paged=True)):
-        name = describe_launches(_problem(B=4, max_q=1000, max_k=1000, H=16, Hk=16, **other),
+        name = describe_launches(_problem(B=4, max_q=1000, max_k=n, H=16, Hk=16, **other),
                                  device_cc=90)[0]["kernel"]
         assert not name.endswith("_wide"), (other, name)
     # Persistent: 8 query tiles x 16 heads x 4 sequences = 512 tiles on one CTA per SM.

@@ -6,6 +6,13 @@
 #   MODE=bench: benchmarks/bench.py bf16 D 64/128/256 S 2k/4k/8k (the benchmark of record's
 #     table, CSV and plots into $OUT/results), then quickbench's paged / varlen columns.
 #   MODE=rest: every other `gpu` test (decode, float8, float32/64, head dims 384/512, ...).
+#   MODE=suite: the whole `gpu` suite in $N parallel shards (tools/gpu_suite_parallel.sh).
+#   MODE=widecheck: where the wide D=128 tile starts to pay (compile.SM90_WIDE_MIN_KEYS):
+#     quickbench non-causal D=128 S 512 .. 8k as shipped, with 176-key tiles everywhere
+#     (FA_SM90_BLOCKN_128=176) and with 128-key tiles everywhere (FA_SM90_BLOCKN_128_WIDE=128).
+#   MODE=fp8direct: the float8 decode kernel with FA_DECODE_FP8_DIRECT=1 (flash_decode.cu, not
+#     yet device-verified): the float8 GPU tests on it, then bench_decode's fp8 rows with it and
+#     the default kernel's fp8 / bf16 rows (one process each, same machine).
 set -u
 OUT=${OUT:-/tmp/fa_stop33}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
@@ -33,6 +40,33 @@ if [ "$mode" = rest ]; then
   timeout ${PYTEST_TIMEOUT:-400} python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/gpu $ignore \
     > "$OUT/pytest_rest.txt" 2>&1
   grep -E "passed|failed|FAILED|ERROR|Error|Timeout" "$OUT/pytest_rest.txt" | tail -n 20
+fi
+if [ "$mode" = suite ]; then
+  OUT="$OUT" bash tools/gpu_suite_parallel.sh
+fi
+if [ "$mode" = widecheck ]; then
+  wrows="128,512,0;128,1024,0;128,2048,0;128,3072,0;128,4096,0;128,8192,0"
+  for v in "" "FA_SM90_BLOCKN_128=176" "FA_SM90_BLOCKN_128_WIDE=128"; do
+    stamp "quickbench '${v:-as shipped}'"
+    CUPY_FLASHATTN_SM90_DEFINES="$v" timeout 200 python3 tools/quickbench_sm90.py --archs sm90 \
+      --no-torch --rows "$wrows" 2>&1 | tail -n 6
+  done
+fi
+if [ "$mode" = fp8direct ]; then
+  rows=${ROWS:-64:4096,16:16384,1:4096}
+  stamp "float8 tests, FA_DECODE_FP8_DIRECT=1"
+  CUPY_FLASHATTN_SM90_DEFINES=FA_DECODE_FP8_DIRECT=1 timeout 200 python3 -m pytest -m gpu -q \
+    -p no:cacheprovider -rfE tests/gpu/test_gpu_fp8_decode.py tests/gpu/test_gpu_fp8_api.py \
+    > "$OUT/pytest_fp8_direct.txt" 2>&1
+  tail -n 2 "$OUT/pytest_fp8_direct.txt"; grep -m 10 FAILED "$OUT/pytest_fp8_direct.txt"
+  stamp "bench_decode fp8, direct"
+  CUPY_FLASHATTN_SM90_DEFINES=FA_DECODE_FP8_DIRECT=1 timeout 120 python3 benchmarks/bench_decode.py \
+    --rows "$rows" --heads 32/8 --pages 16,256 --kv fp8 --out "$OUT/bd_direct" > "$OUT/bd_direct.txt" 2>&1
+  grep -E "^\| [0-9]" "$OUT/bd_direct.txt" | cut -d'|' -f2-8,16,17,18,19
+  stamp "bench_decode fp8 (staged, the default) and bf16"
+  timeout 150 python3 benchmarks/bench_decode.py --rows "$rows" --heads 32/8 --pages 16,256 \
+    --kv fp8,bf16 --out "$OUT/bd_default" > "$OUT/bd_default.txt" 2>&1
+  grep -E "^\| [0-9]" "$OUT/bd_default.txt" | cut -d'|' -f2-8,16,17,18,19
 fi
 if [ "$mode" = bench ]; then
   stamp "bench.py"

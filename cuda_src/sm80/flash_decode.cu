@@ -39,6 +39,22 @@
 // dequantization scales of the kv head (k_scale, v_scale: one float per kv head, vLLM's
 // x = float(x8) * scale, times the conversion's own power of two) multiply S before the logit
 // transform and O at the end.
+//
+// FA_DECODE_FP8_DIRECT=1 (a tuning switch, off by default until a device run verifies it):
+// no staging tile -- ldmatrix reads the float8 ring directly, each 16-bit "element" a pair of
+// float8 bytes, and one cvt per register makes the mma fragments (fp8_direct_* below).  K: a
+// lane's non-transposed ldmatrix register holds bytes 4t .. 4t + 3 of its key's 16-byte block,
+// i.e. head-dim positions 4t + {0, 1} (the B fragment's k = 2t, 2t + 1) and 4t + {2, 3}
+// (k = 2t + 8, 2t + 9): the same positions of Q are brought into the A fragment's order once,
+// by a word permutation of Q's rows in shared memory (q_words_for_fp8; S = sum_d q_d k_d does
+// not depend on the order of d).  V: a transposed ldmatrix register holds (key 2t, columns
+// 2g, 2g + 1) and (key 2t + 1, the same columns); one PRMT pairs the keys per column, so one
+// mma takes the even columns of a 16-column block and the next the odd ones -- the epilogue
+// writes O's columns back in order (fp8_direct_column).  Ring rows are padded by 16 bytes so
+// the 8 row addresses of an ldmatrix hit 8 different bank groups.
+#ifndef FA_DECODE_FP8_DIRECT
+#define FA_DECODE_FP8_DIRECT 0
+#endif
 #include "../attn/block_info.cuh"
 #include "../attn/fp8.cuh"
 #include "../attn/mask.cuh"
@@ -97,12 +113,14 @@ struct DecodeSmem {
   static constexpr int kTileBytes = kDecodeTileN * kRowBytes;
   static constexpr int kTileBytesV = kDecodeTileN * kRowBytesV;
   static constexpr int kQBytes = kDecodeRows * kRowBytes;
-  static constexpr int kRowBytes8 = kD;  // float8 K / V rows in the ring
+  static constexpr bool kFp8Direct = kKvBytes == 1 && FA_DECODE_FP8_DIRECT;
+  // float8 K / V rows in the ring (direct: + 16 bytes, conflict-free ldmatrix rows)
+  static constexpr int kRowBytes8 = kD + (kFp8Direct ? 16 : 0);
   static constexpr int kRingTileBytes = kKvBytes == 2 ? kTileBytes : kDecodeTileN * kRowBytes8;
   static constexpr int kRingTileBytesV = kKvBytes == 2 ? kTileBytesV : kDecodeTileN * kRowBytes8;
   static constexpr int kStageBytes = kRingTileBytes + kRingTileBytesV;  // K then V
   static constexpr int kStagingBytes =
-      kKvBytes == 2 ? 0 : (kTileBytes > kTileBytesV ? kTileBytes : kTileBytesV);
+      kKvBytes == 2 || kFp8Direct ? 0 : (kTileBytes > kTileBytesV ? kTileBytes : kTileBytesV);
   static constexpr int kWarpBytes = DecodeTraits<kD>::kStages * kStageBytes + kStagingBytes;
   static constexpr int kMergeRow = kDV + 8;  // floats per row of the cross-warp merge buffer
   static constexpr int kMergeBytes = kDecodeWarps * kDecodeRows * kMergeRow * 4;
@@ -190,6 +208,39 @@ __device__ __forceinline__ void stage_fp8_tile(u32 src, u32 staging, int lane) {
     st_shared_v4(dst + 16, hi);
   }
   __syncwarp();
+}
+
+// FA_DECODE_FP8_DIRECT: Q's rows (16-bit, in shared memory) in the order the float8 K fragments
+// take the head dim: in each 16-element k-step block, word w (elements 2w, 2w + 1) becomes word
+// kQWordOrder[w] -- the A fragment's k = 2t, 2t + 1 then hold positions 4t, 4t + 1 and its
+// k = 2t + 8, 2t + 9 positions 4t + 2, 4t + 3, as a lane's K register does (file comment).
+template <int kD, int kRowBytes>
+__device__ __forceinline__ void q_words_for_fp8(u32 q_smem) {
+  constexpr int kBlocks = kD / 16;
+  for (int idx = threadIdx.x; idx < kDecodeRows * kBlocks; idx += kDecodeThreads) {
+    const u32 addr = q_smem + (idx / kBlocks) * kRowBytes + (idx % kBlocks) * 32;
+    u32 a[4], b[4], v[4];  // old words 0-3, 4-7
+    ld_shared_v4(a, addr);
+    ld_shared_v4(b, addr + 16);
+    // new word w = old word {0, 2, 4, 6, 1, 3, 5, 7}[w]
+    v[0] = a[0]; v[1] = a[2]; v[2] = b[0]; v[3] = b[2];
+    st_shared_v4(addr, v);
+    v[0] = a[1]; v[1] = a[3]; v[2] = b[1]; v[3] = b[3];
+    st_shared_v4(addr + 16, v);
+  }
+}
+
+// FA_DECODE_FP8_DIRECT: the output column of accumulator element e (0, 1) of n8 tile n: tiles
+// 2b / 2b + 1 hold the even / odd columns of the 16-column block b.
+__device__ __forceinline__ constexpr int fp8_direct_column(int n, int tq, int e) {
+  return 16 * (n >> 1) + 4 * tq + 2 * e + (n & 1);
+}
+
+// Bytes (b0, b1, b2, b3) -> (b0, b2, b1, b3): a transposed V register's two keys paired per column.
+__device__ __forceinline__ u32 pair_keys_per_column(u32 w) {
+  u32 r;
+  asm("prmt.b32 %0, %1, 0, 0x3120;" : "=r"(r) : "r"(w));
+  return r;
 }
 
 template <int kD, typename Elem, class Kv = KvSame>
@@ -368,6 +419,14 @@ __device__ void flash_decode(const DecodeParams& dp) {
     s_factor[0] *= row_factor[ra];
     s_factor[1] *= row_factor[ra + 8];
   }
+  if constexpr (Sm::kFp8Direct) {
+    q_words_for_fp8<kD, Sm::kRowBytes>(q_smem);
+    __syncthreads();
+  }
+  // FA_DECODE_FP8_DIRECT: this lane's ldmatrix row address in a ring slot -- matrices 0-3 are
+  // (keys 0-7, bytes 0-15), (keys 8-15, bytes 0-15), (keys 0-7, 16-31), (keys 8-15, 16-31) of
+  // a 32-byte column block.
+  const u32 lrow8 = ((lane & 7) + 8 * ((lane >> 3) & 1)) * Sm::kRowBytes8 + (lane >> 4) * 16;
 
   // ---- Main loop over this warp's tiles. ---------------------------------------------------
   for (int j = 0; j < n_mine; ++j) {
@@ -380,7 +439,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
     __syncwarp();                  // ... and every lane's copies are visible to the warp
     u32 ks = ring + (j % kStages) * Sm::kStageBytes, vs = ks + Sm::kRingTileBytes;
     const u32 staging = ring + kStages * Sm::kStageBytes;  // float8: the float16 tile
-    if constexpr (kFp8) {
+    if constexpr (kFp8 && !Sm::kFp8Direct) {
       stage_fp8_tile<Kv, kChunks8, Sm::kRowBytes8, Sm::kRowBytes>(ks, staging, lane);
       ks = staging;
     }
@@ -391,14 +450,37 @@ __device__ void flash_decode(const DecodeParams& dp) {
     float s[1][2][4];
     zero_fragments(s);
     const u32 lrow = (lane & 15) * Sm::kRowBytes + (lane >> 4) * 16;
+    if constexpr (Sm::kFp8Direct) {
+      // Two k-steps per ldmatrix: kb[0] / kb[1] keys 0-7 / 8-15 of k-step 2 kk2, kb[2] / kb[3]
+      // of k-step 2 kk2 + 1; each register's bytes 0-1 / 2-3 are the B fragment's halves.
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      if (kk * 16 < hd) {
-        u32 qa[4], kb[4];
-        ldmatrix_x4(qa, q_smem + lrow + kk * 32);
-        ldmatrix_x4(kb, ks + lrow + kk * 32);
-        Mma::mma(s[0][0], qa, kb[0], kb[2]);  // keys 0-7
-        Mma::mma(s[0][1], qa, kb[1], kb[3]);  // keys 8-15
+      for (int kk2 = 0; kk2 < kD / 32; ++kk2) {
+        if (kk2 * 32 < hd) {
+          u32 kb[4];
+          ldmatrix_x4(kb, ks + lrow8 + kk2 * 32);
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int kk = 2 * kk2 + half;
+            if (kk * 16 < hd) {
+              u32 qa[4];
+              ldmatrix_x4(qa, q_smem + lrow + kk * 32);
+              const u32 k0 = kb[2 * half], k1 = kb[2 * half + 1];
+              Mma::mma(s[0][0], qa, Kv::template to_f16x2<0>(k0), Kv::template to_f16x2<1>(k0));
+              Mma::mma(s[0][1], qa, Kv::template to_f16x2<0>(k1), Kv::template to_f16x2<1>(k1));
+            }
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        if (kk * 16 < hd) {
+          u32 qa[4], kb[4];
+          ldmatrix_x4(qa, q_smem + lrow + kk * 32);
+          ldmatrix_x4(kb, ks + lrow + kk * 32);
+          Mma::mma(s[0][0], qa, kb[0], kb[2]);  // keys 0-7
+          Mma::mma(s[0][1], qa, kb[1], kb[3]);  // keys 8-15
+        }
       }
     }
     if constexpr (kFp8) {  // Q (K8 k_scale)^T, row by row (s_factor)
@@ -414,7 +496,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
     mask_fragment(s, [&](int, int h, int& lo, int& hi) { lo = first[h]; hi = last[h]; }, col0, 0u);
     softmax.update(s, o, c);  // s now holds P
 
-    if constexpr (kFp8) {  // V replaces K in the staging tile once every lane has read K
+    if constexpr (kFp8 && !Sm::kFp8Direct) {  // V replaces K in the staging tile once every lane has read K
       __syncwarp();
       stage_fp8_tile<Kv, kChunks8, Sm::kRowBytes8, Sm::kRowBytes>(vs, staging, lane);
       vs = staging;
@@ -427,13 +509,34 @@ __device__ void flash_decode(const DecodeParams& dp) {
     pa[2] = Mma::pack(s[0][1][0], s[0][1][1]);
     pa[3] = Mma::pack(s[0][1][2], s[0][1][3]);
     const u32 lrow_v = (lane & 15) * Sm::kRowBytesV + (lane >> 4) * 16;  // = lrow unless V-split
+    if constexpr (Sm::kFp8Direct) {
+      // vb[0] / vb[1]: keys 0-7 / 8-15 of columns 32 dd2 .. + 15; vb[2] / vb[3] of the next 16.
 #pragma unroll
-    for (int dd = 0; dd < kDV / 16; ++dd) {
-      if (dd * 16 < hd_v) {
-        u32 vb[4];
-        ldmatrix_x4_trans(vb, vs + lrow_v + dd * 32);
-        Mma::mma(o[0][2 * dd], pa, vb[0], vb[1]);
-        Mma::mma(o[0][2 * dd + 1], pa, vb[2], vb[3]);
+      for (int dd2 = 0; dd2 < kDV / 32; ++dd2) {
+        if (dd2 * 32 < hd_v) {
+          u32 vb[4];
+          ldmatrix_x4_trans(vb, vs + lrow8 + dd2 * 32);
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int b = 2 * dd2 + half;  // 16-column block
+            if (b * 16 < hd_v) {
+              const u32 lo = pair_keys_per_column(vb[2 * half]);
+              const u32 hi = pair_keys_per_column(vb[2 * half + 1]);
+              Mma::mma(o[0][2 * b], pa, Kv::template to_f16x2<0>(lo), Kv::template to_f16x2<0>(hi));
+              Mma::mma(o[0][2 * b + 1], pa, Kv::template to_f16x2<1>(lo), Kv::template to_f16x2<1>(hi));
+            }
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int dd = 0; dd < kDV / 16; ++dd) {
+        if (dd * 16 < hd_v) {
+          u32 vb[4];
+          ldmatrix_x4_trans(vb, vs + lrow_v + dd * 32);
+          Mma::mma(o[0][2 * dd], pa, vb[0], vb[1]);
+          Mma::mma(o[0][2 * dd + 1], pa, vb[2], vb[3]);
+        }
       }
     }
     __syncwarp();  // every lane is done reading this slot before it is refilled
@@ -466,11 +569,19 @@ __device__ void flash_decode(const DecodeParams& dp) {
     row_m[h] = mm;
     row_l[h] = ll;
     const float f = part_weight(softmax.row_max[0][h], c, shift_r);  // this warp's weight
-    float* dst = merge + ((warp * kDecodeRows) + r) * Sm::kMergeRow + 2 * tq;
+    if constexpr (Sm::kFp8Direct) {  // O's columns back in order (fp8_direct_column)
+      float* dst = merge + ((warp * kDecodeRows) + r) * Sm::kMergeRow;
 #pragma unroll
-    for (int n = 0; n < kDV / 8; ++n) {
-      dst[n * 8] = o[0][n][2 * h] * f;
-      dst[n * 8 + 1] = o[0][n][2 * h + 1] * f;
+      for (int n = 0; n < kDV / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) dst[fp8_direct_column(n, tq, e)] = o[0][n][2 * h + e] * f;
+    } else {
+      float* dst = merge + ((warp * kDecodeRows) + r) * Sm::kMergeRow + 2 * tq;
+#pragma unroll
+      for (int n = 0; n < kDV / 8; ++n) {
+        dst[n * 8] = o[0][n][2 * h] * f;
+        dst[n * 8 + 1] = o[0][n][2 * h + 1] * f;
+      }
     }
   }
   if (warp == 0 && tq == 0) {

@@ -154,8 +154,9 @@ template <> struct Sm90FwdTraits<128> : Sm90FwdTraitsBase<128, FA_SM90_BLOCKN_12
 // Wide (no window): 128 x 176, 2 stages (32 + 176 KB; O shares Q's buffer).  S 88 + P 44 + O 64
 // registers per consumer thread.  Measured against 128 x 128 (NOTES.md, sm90 key-tile widths;
 // H100, bf16, TFLOP/s, S = 2k / 4k / 8k): 604 / 643 / 682 vs 605 / 635 / 643; causal on 176
-// lost (471 vs 500 at S = 2k), so windowed problems keep 128.  160 (separate O, 28 B of
-// spills) measured the same as 128; the softcap / ALiBi kernel spills at 176.
+// lost (471 vs 500 at S = 2k), so windowed problems keep 128, and so do keys shorter than
+// compile.SM90_WIDE_MIN_KEYS (no gain at S = 2k).  160 (separate O, 28 B of spills) measured
+// the same as 128; the softcap / ALiBi kernel spills at 176.
 template <> struct Sm90FwdTraits<128, false, true> : Sm90FwdTraitsBase<128, FA_SM90_BLOCKN_128_WIDE, 2> {};
 // D = 192: 128 x 64, 2 stages (48 + 96 KB).
 template <> struct Sm90FwdTraits<192> : Sm90FwdTraitsBase<192, 64, 2> {};

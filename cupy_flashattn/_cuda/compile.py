@@ -147,6 +147,11 @@ SM90_UNSHIPPED = frozenset()
 #: causal / local window bands the tiles -- 176 keys at D = 128 against 128 with a window
 #: (sm90/kernel_traits.cuh has the measurement).  Dense or varlen K/V, no softcap / ALiBi.
 SM90_WIDE_BUCKETS = (128,)
+#: ... and only for keys this long (max_seqlen_k): measured against 128 x 128 (H100, bf16,
+#: benchmarks/NOTES.md stop 33) equal at S = 2k, +1% at 4k, +6% at 8k; a short sequence pays
+#: for the padding of its last 176-key tile and has few tiles to pipeline (at S = 512 the 128-key
+#: paged kernels outran the wide dense one in the same run).
+SM90_WIDE_MIN_KEYS = 4096
 
 
 def family_prefix(kind: str, arch: str) -> str:
@@ -164,7 +169,8 @@ class KernelKey:
     are run-time arguments of every kernel (they cost nothing on tiles they do not touch).
     arch: the kernel family (ARCHS), i.e. which ``cuda_src/<arch>/flash_fwd.cu`` it is built from.
     wide: the sm90 kernel with the wider key tile of SM90_WIDE_BUCKETS, for problems without a
-    causal / local window (launch.select_kernel; any problem is still correct on it)."""
+    causal / local window and with keys of at least SM90_WIDE_MIN_KEYS (launch.select_kernel;
+    any problem is still correct on it)."""
 
     dtype: str  # "f16" | "bf16" | PRECISE_DTYPES (sm80 only)
     head_dim: int  # bucket, one of HEAD_DIM_BUCKETS
@@ -556,7 +562,8 @@ def bucket_for(head_dim: int, buckets=HEAD_DIM_BUCKETS) -> int:
 
 def _tuning_defines() -> list:
     """``-D`` options from ``$CUPY_FLASHATTN_SM90_DEFINES`` ("FA_SM90_PINGPONG=1,..."): the
-    sm90 kernels' tuning switches (sm90/kernel_traits.cuh), for device sweeps only."""
+    kernels' tuning switches (sm90/kernel_traits.cuh; the decode kernel's FA_DECODE_FP8_DIRECT,
+    which decode.decode_source writes into its source text), for device sweeps only."""
     text = os.environ.get("CUPY_FLASHATTN_SM90_DEFINES", "")
     return [f"-D{d.strip()}" for d in text.split(",") if d.strip()]
 

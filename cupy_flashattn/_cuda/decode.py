@@ -225,7 +225,12 @@ def decode_source(keys=(), combine: bool = True) -> str:
     archs = {k.arch for k in keys} or {"sm80"}
     if len(archs) != 1:
         raise ValueError(f"one module per kernel family; got keys of {sorted(archs)}")
-    src = build_source(f"{archs.pop()}/flash_decode.cu") + '#line 1 "<generated decode entry points>"\n'
+    from .compile import _tuning_defines
+
+    # Tuning switches ($CUPY_FLASHATTN_SM90_DEFINES, e.g. FA_DECODE_FP8_DIRECT=1) as #defines
+    # in the text itself: CuPy compiles and caches this module by its source text.
+    defines = "".join(f"#define {d[2:].replace('=', ' ', 1)}\n" for d in _tuning_defines())
+    src = defines + build_source(f"{archs.pop()}/flash_decode.cu") + '#line 1 "<generated decode entry points>"\n'
     if keys:
         src += DECODE_ARGS.c_struct() + "".join(_decode_wrapper(k) for k in keys)
     if combine:

@@ -143,13 +143,13 @@ def select_kernel(problem: AttentionProblem, arch=None, device_cc=None) -> Kerne
         arch = "sm80"  # the float32 / float64 kernel is mma.sync only, on every GPU
     elif arch is None:
         arch = prefill_arch(p.head_dim, transform, p.paged, device_cc)
-    from .compile import SM90_WIDE_BUCKETS, head_dim_buckets
+    from .compile import SM90_WIDE_BUCKETS, SM90_WIDE_MIN_KEYS, head_dim_buckets
 
     bucket = bucket_for(p.head_dim, head_dim_buckets(arch, dtype))
-    # No causal / local window: the wider key tile (FlashAttention-3's choice; with a window
-    # the narrower tile wastes fewer masked keys on the band, kernel_traits.cuh).
+    # No causal / local window and long keys: the wider key tile (FlashAttention-3's choice;
+    # with a window the narrower tile wastes fewer masked keys on the band, kernel_traits.cuh).
     wide = (arch == "sm90" and bucket in SM90_WIDE_BUCKETS and not transform and not p.paged
-            and p.window_left < 0 and p.window_right < 0)
+            and p.window_left < 0 and p.window_right < 0 and p.max_seqlen_k >= SM90_WIDE_MIN_KEYS)
     return KernelKey(dtype=dtype, head_dim=bucket, transform=transform, paged=p.paged, arch=arch,
                      wide=wide)
 

@@ -125,3 +125,23 @@ def test_pages_of_an_interleaved_kv_pool(page, causal):
     problem.k, problem.v = pool[:, 0], pool[:, 1]
     assert problem.k.strides[0] == 2 * page * problem.k.strides[1]
     check_sm90(problem)
+
+
+@pytest.mark.parametrize("layout", ["dense", "varlen"])
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_wide_key_tiles_without_a_window(layout, dtype):
+    """No causal / local window and keys of at least SM90_WIDE_MIN_KEYS: the wide D = 128 kernel
+    (176-key tiles, KernelKey.wide).  Lengths that no key tile divides, so every query tile has
+    a sequence-end tile: by TMA from the per-sequence maps (dense: two sequences) or gathered
+    (varlen); D = 80 rides the 128 bucket with a predicated tail."""
+    from cupy_flashattn._cuda import compile as cc
+    from cupy_flashattn._cuda import select_kernel
+
+    n = cc.SM90_WIDE_MIN_KEYS
+    lens_k = [n + 77, n + 77] if layout == "dense" else [n + 77, 300, n + 1]
+    lens_q = [200, 200] if layout == "dense" else [200, 37, 129]
+    rng = np.random.default_rng(n + (layout == "dense"))
+    problem = make_problem(rng, dtype=dtype, d=80, h=4, hk=2, lens_q=lens_q, lens_k=lens_k,
+                           varlen=layout == "varlen")
+    assert select_kernel(problem).wide
+    check_sm90(problem)

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The `gpu` test suite as N pytest processes at once on the GPU machine (repo root): the suite
+# is bound by the host side of its checks (float64 NumPy references, many small launches), so
+# N processes on the machine's 16 cores finish it in about 1/N of the time one process takes
+# (one process did not finish it within a 520 s call).  Shard i of N keeps every N-th
+# collected test from the i-th (tests/_shard.py), so slow parametrizations spread evenly.
+# Kernels are compiled first (tools/precompile_parallel.py) so no two shards compile the same
+# one.  Logs: $OUT/pytest_shard<i>.txt; prints one summary line per shard and the failures.
+#   N (default 6), TESTS (default: all of tests/), PYTEST_TIMEOUT (default 480 s per shard),
+#   PYTEST_ARGS (extra pytest arguments, e.g. -k), PRECOMPILE=0 to skip the precompile.
+# Exit 0 only when every shard ran and passed.
+set -u
+cd "$(dirname "$0")/.." || exit 2
+OUT=${OUT:-/tmp/fa_suite}; mkdir -p "$OUT"
+. tools/device_env.sh
+N=${N:-6}
+if [ "${PRECOMPILE:-1}" = 1 ]; then
+  stamp "precompile"
+  timeout 200 python3 tools/precompile_parallel.py 2>&1 | tail -n 1
+fi
+stamp "pytest -m gpu in $N shards"
+pids=()
+for ((i = 0; i < N; i++)); do
+  CUPY_FLASHATTN_TEST_SHARD="$i/$N" timeout "${PYTEST_TIMEOUT:-480}" python3 -m pytest -m gpu -q \
+    -p no:cacheprovider -rfE ${PYTEST_ARGS:-} ${TESTS:-tests} > "$OUT/pytest_shard$i.txt" 2>&1 &
+  pids+=($!)
+done
+rc=0
+for ((i = 0; i < N; i++)); do
+  wait "${pids[$i]}"; r=$?
+  [ $r -ne 0 ] && rc=1
+  line=$(grep -E " in [0-9.]+s" "$OUT/pytest_shard$i.txt" | tail -n 1)  # pytest's summary
+  echo "shard $i/$N: exit $r${line:+: $line}"
+  [ $r -eq 124 ] && echo "shard $i/$N: TIMEOUT after ${PYTEST_TIMEOUT:-480} s"
+done
+grep -h "^FAILED\|^ERROR" "$OUT"/pytest_shard*.txt | head -n 30
+stamp "suite done (rc=$rc)"
+exit $rc
