@@ -31,7 +31,8 @@ CUPY_FLASHATTN_TRAITS=... (the fastest correct variant per bucket by non-causal 
 --sweep and --paged-diag time kernels only.
 
 Writes <out>/bench.csv, <out>/bench_<dtype>_d<D>_<causal|full>.png (x = seqlen, y = TFLOP/s of
-one call, start to end, one line per provider) and the prefill section of <out>/h200.md
+one call, start to end, one line per provider) and the prefill section of <out>/<gpu>.md
+(measure.gpu_slug: h200.md on an H200, h100.md on an H100, ...)
 (between <!-- prefill:begin --> and <!-- prefill:end -->; everything else in that file is kept).
 """
 
@@ -575,7 +576,7 @@ def main(argv=None):
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--paged-diag", action="store_true")
     ap.add_argument("--dims", default="64,128,256")
-    ap.add_argument("--seqs", default="512,2048,4096,8192")
+    ap.add_argument("--seqs", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--dtypes", default="bf16,fp16")
     args = ap.parse_args(argv)
     try:
@@ -621,7 +622,7 @@ def main(argv=None):
                if arch == "sm90" and wide.block_n != tr.block_n else "")
         return f"D={d}: {tr.block_m}x{tr.block_n}{alt}, {tr.num_warps} warps"
     tiles += ", ".join(tile(d) for d in args.dims)
-    write_md_section(os.path.join(args.out, "h200.md"), results_table(rows, tiles))
+    write_md_section(os.path.join(args.out, f"{measure.gpu_slug()}.md"), results_table(rows, tiles))
     try:
         plot_rows(rows, args.out)
     except Exception as e:  # pragma: no cover -- the CSV and table are written already

@@ -32,7 +32,7 @@ cudaMemcpy D2D of 1 GiB (DESIGN.md's 4.2 TB/s convention); "frac" = ours / copy 
 
 --quick: GQA 32/8, B = 1 ctx 512 (host-bound) and B = 64 ctx 4096 (bandwidth-bound), every
 cache layout: 6 rows (meant to take well under 2 minutes).
-Writes <out>/bench_decode.csv, <out>/bench_decode.md, the decode section of <out>/h200.md
+Writes <out>/bench_decode.csv, <out>/bench_decode.md, the decode section of <out>/<gpu>.md
 (between <!-- decode:begin --> and <!-- decode:end -->) and <out>/bench_decode_h<H>_hk<Hk>.png.
 """
 
@@ -383,7 +383,7 @@ def write_outputs(rows, copy_bw, out):
     with open(os.path.join(out, "bench_decode.md"), "w") as f:
         f.write(table)
     print(table)
-    update_results_md(os.path.join(out, "h200.md"), table)
+    update_results_md(os.path.join(out, f"{measure.gpu_slug()}.md"), table)
     plot(rows, copy_bw, out)
 
 

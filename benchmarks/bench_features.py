@@ -189,7 +189,7 @@ def main(argv=None):
     rows = run([int(x) for x in args.seqs.split(",")], paths, args.rounds)
     big = large_head_dim_rows(args.rounds)
     name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    gpu = "h200" if "H200" in name else name.lower().replace(" ", "_")
+    gpu = measure.gpu_slug(name)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"{gpu}_features.md")
     with open(path, "w") as f:

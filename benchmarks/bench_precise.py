@@ -13,7 +13,7 @@ Per row: one call start to end (CUDA events around the public call, host work in
 kernel-only (`ms_kernel`: the launch plan replayed), and the measured error of each provider:
 max|out - ref| / max|ref| on the first sequence's last 512 queries of its first two heads,
 against the float64 reference (NumPy, in the same run).  FLOPs = 4 B H S^2 D (half for causal).
-Writes <out>/bench_precise.csv and the precise section of <out>/h200.md
+Writes <out>/bench_precise.csv and the precise section of <out>/<gpu>.md
 (between <!-- precise:begin --> and <!-- precise:end -->).
 """
 
@@ -193,7 +193,7 @@ def main(argv=None):
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    write_md_section(os.path.join(args.out, "h200.md"), markdown(rows), tag="precise")
+    write_md_section(os.path.join(args.out, f"{measure.gpu_slug()}.md"), markdown(rows), tag="precise")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,23 @@ import time
 import numpy as np
 
 
+def gpu_slug(name: str = "") -> str:
+    """The results-file stem of a GPU (``benchmarks/results/<gpu>.md``): "h200", "h100",
+    "a100", ... for the cards this project benchmarks on, else the device name in lower case
+    with non-alphanumerics as "_".  ``name``: the device name (default: the current device's)."""
+    import re
+
+    if not name:
+        import cupy
+
+        name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+        name = name.decode() if isinstance(name, bytes) else name
+    for card in ("H200", "H100", "A100", "L40S", "L4", "B200"):
+        if re.search(rf"\b{card}\b", name):
+            return card.lower()
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "gpu"
+
+
 def synchronize() -> None:
     """Wait for all work on the device (ours and torch's, whatever stream it used)."""
     import cupy

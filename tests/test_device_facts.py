@@ -59,14 +59,29 @@ def test_tuning_override_smem_is_asked_of_the_compiler():
 
 def test_disk_cache_round_trip(tmp_path, monkeypatch):
     monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
-    df._all_facts.cache_clear()
+    df._facts_for.cache_clear()
     try:
         facts = df._all_facts()
         files = list(tmp_path.glob("cupy_flashattn_device_facts_*.json"))
         assert len(files) == 1
         assert json.loads(files[0].read_text())["decode"][str(dc.DECODE_BUCKETS[0])] == \
             facts["decode"][dc.DECODE_BUCKETS[0]]
-        df._all_facts.cache_clear()
+        df._facts_for.cache_clear()
         assert df._all_facts() == facts  # read back from the file
     finally:
-        df._all_facts.cache_clear()
+        df._facts_for.cache_clear()
+
+
+def test_facts_follow_the_tuning_switches(monkeypatch):
+    """A process that changes $CUPY_FLASHATTN_SM90_DEFINES reads the facts of the new switches
+    (the memory caches are keyed by them): FA_DECODE_FP8_DIRECT drops the float8 decode kernel's
+    staging tile and pads its ring rows, so its shared memory changes."""
+    monkeypatch.delenv("CUPY_FLASHATTN_SM90_DEFINES", raising=False)
+    staged = dc.smem_bytes(128, "e4m3")
+    monkeypatch.setenv("CUPY_FLASHATTN_SM90_DEFINES", "FA_DECODE_FP8_DIRECT=1")
+    direct = dc.smem_bytes(128, "e4m3")
+    assert direct != staged
+    monkeypatch.setenv("CUPY_FLASHATTN_SM90_DEFINES", "FA_SM90_BLOCKN_256=64")
+    assert cc.traits(256, "sm90").block_n == 64
+    monkeypatch.delenv("CUPY_FLASHATTN_SM90_DEFINES")
+    assert dc.smem_bytes(128, "e4m3") == staged and cc.traits(256, "sm90").block_n == 80

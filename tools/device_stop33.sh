@@ -6,7 +6,9 @@
 #   MODE=bench: benchmarks/bench.py bf16 D 64/128/256 S 2k/4k/8k (the benchmark of record's
 #     table, CSV and plots into $OUT/results), then quickbench's paged / varlen columns.
 #   MODE=rest: every other `gpu` test (decode, float8, float32/64, head dims 384/512, ...).
-#   MODE=suite: the whole `gpu` suite in $N parallel shards (tools/gpu_suite_parallel.sh).
+#   MODE=suite: the whole `gpu` suite in $N parallel shards (tools/gpu_suite_parallel.sh);
+#     MODE=suite80: the same with prefill forced to the sm80 family (CUPY_FLASHATTN_PREFILL_ARCH),
+#     so the suite has run on both paths (issue 12).
 #   MODE=widecheck: where the wide D=128 tile starts to pay (compile.SM90_WIDE_MIN_KEYS):
 #     quickbench non-causal D=128 S 512 .. 8k as shipped, with 176-key tiles everywhere
 #     (FA_SM90_BLOCKN_128=176) and with 128-key tiles everywhere (FA_SM90_BLOCKN_128_WIDE=128).
@@ -44,6 +46,9 @@ fi
 if [ "$mode" = suite ]; then
   OUT="$OUT" bash tools/gpu_suite_parallel.sh
 fi
+if [ "$mode" = suite80 ]; then
+  CUPY_FLASHATTN_PREFILL_ARCH=sm80 OUT="$OUT" bash tools/gpu_suite_parallel.sh
+fi
 if [ "$mode" = widecheck ]; then
   wrows="128,512,0;128,1024,0;128,2048,0;128,3072,0;128,4096,0;128,8192,0"
   for v in "" "FA_SM90_BLOCKN_128=176" "FA_SM90_BLOCKN_128_WIDE=128"; do
@@ -73,7 +78,7 @@ if [ "$mode" = bench ]; then
   mkdir -p "$OUT/results"
   timeout ${BENCH_TIMEOUT:-420} python3 benchmarks/bench.py --dims ${DIMS:-64,128,256} --seqs ${SEQS:-2048,4096,8192} \
     --dtypes ${DTYPES:-bf16} --out "$OUT/results" > "$OUT/bench.txt" 2>&1
-  grep -h "^| bf16\|^| fp16" "$OUT/results/h200.md" | cut -c1-200 | head -n 60
+  grep -h "^| bf16\|^| fp16" "$OUT"/results/h*.md | cut -c1-200 | head -n 60
   stamp "quickbench: varlen / paged columns"
   timeout 120 python3 tools/quickbench_sm90.py --archs sm90 --no-torch --varlen --paged 16,256 \
     --rows "128,512,0;128,512,1;128,2048,0;128,2048,1;256,2048,0" 2>&1 | tail -n 6

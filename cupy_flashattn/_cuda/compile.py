@@ -260,8 +260,13 @@ def _env_overrides(text: str) -> dict:
     return out
 
 
-@functools.cache
 def _trait_table(arch: str = "sm80") -> dict:
+    """:func:`_trait_table_for` under the current tuning switches."""
+    return _trait_table_for(arch, tuple(_tuning_defines()))
+
+
+@functools.cache
+def _trait_table_for(arch: str, tuning: tuple) -> dict:
     """bucket -> Traits of ``fa::FwdTraits<bucket>`` (sm80), ``fa::Sm90FwdTraits<bucket>``
     (sm90) or ``fa::PreciseFwdTraits<float|double, bucket>`` ("f32" / "f64"), as the compiler
     evaluates them."""

@@ -79,9 +79,18 @@ def _disk_cache() -> Path:
     return Path(root) / f"cupy_flashattn_device_facts_{source_hash()}_{tuning}.json"
 
 
-@functools.cache
 def _all_facts() -> dict:
-    """{"prefill": {bucket: {fact: value}}, "decode": {...}}, from the disk cache or NVRTC."""
+    """{"prefill": {bucket: {fact: value}}, "decode": {...}} under the current tuning switches
+    ($CUPY_FLASHATTN_SM90_DEFINES can change a kernel's tiles and shared memory), from memory,
+    the disk cache or NVRTC."""
+    from .compile import _tuning_defines
+
+    return _facts_for(tuple(_tuning_defines()))
+
+
+@functools.cache
+def _facts_for(tuning: tuple) -> dict:
+    """_all_facts for one set of tuning switches (the memory cache's key)."""
     path = _disk_cache()
     try:
         raw = json.loads(path.read_text())
