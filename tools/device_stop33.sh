@@ -12,6 +12,7 @@
 #   MODE=widecheck: where the wide D=128 tile starts to pay (compile.SM90_WIDE_MIN_KEYS):
 #     quickbench non-causal D=128 S 512 .. 8k as shipped, with 176-key tiles everywhere
 #     (FA_SM90_BLOCKN_128=176) and with 128-key tiles everywhere (FA_SM90_BLOCKN_128_WIDE=128).
+#   MODE=splits: B = 1 decode GPU time against num_splits, beside cuDNN (tools/decode_split_sweep.py).
 #   MODE=fp8direct: the float8 decode kernel with FA_DECODE_FP8_DIRECT=1 (flash_decode.cu, not
 #     yet device-verified): the float8 GPU tests on it, then bench_decode's fp8 rows with it and
 #     the default kernel's fp8 / bf16 rows (one process each, same machine).
@@ -56,6 +57,10 @@ if [ "$mode" = widecheck ]; then
     CUPY_FLASHATTN_SM90_DEFINES="$v" timeout 200 python3 tools/quickbench_sm90.py --archs sm90 \
       --no-torch --rows "$wrows" 2>&1 | tail -n 6
   done
+fi
+if [ "$mode" = splits ]; then
+  stamp "decode split sweep"
+  timeout 200 python3 tools/decode_split_sweep.py 2>&1 | tee "$OUT/split_sweep.txt" | tail -n 4
 fi
 if [ "$mode" = fp8direct ]; then
   rows=${ROWS:-64:4096,16:16384,1:4096}
