@@ -97,15 +97,25 @@ def test_decode_args_extend_the_prefill_params():
     assert cc.FWD_ARGS.names == tuple(n for _, n in cc.PARAMS)
 
 
+#: The decode kernel's tuning switches (flash_decode.cu; off by default until a device run
+#: verifies them) and the keys they change.
+SWITCHES = {
+    "FA_DECODE_FP8_DIRECT=1": lambda k: bool(k.kv),  # mma fragments from the float8 ring
+    "FA_DECODE_FUSED_COMBINE=1": lambda k: True,  # the last split CTA merges the partials
+    "FA_DECODE_FP8_DIRECT=1,FA_DECODE_FUSED_COMBINE=1": lambda k: bool(k.kv),
+}
+
+
 @pytest.mark.parametrize("arch", ARCHS)
-def test_float8_direct_candidate_compiles_without_spills(arch, monkeypatch):
-    """FA_DECODE_FP8_DIRECT=1 (flash_decode.cu: mma fragments straight from the float8 ring; off
-    by default until a device run verifies it) stays buildable: every float8 key, 0 spills,
-    within its launch bounds' register budget."""
-    monkeypatch.setenv("CUPY_FLASHATTN_SM90_DEFINES", "FA_DECODE_FP8_DIRECT=1")
-    keys = [k for k in KEYS if k.kv]
+@pytest.mark.parametrize("switches", list(SWITCHES))
+def test_tuning_switches_compile_without_spills(arch, switches, monkeypatch):
+    """Each candidate switch stays buildable: the keys it changes, 0 spills, within their launch
+    bounds' register budget (the facts -- shared memory, budgets -- under the same switches)."""
+    monkeypatch.setenv("CUPY_FLASHATTN_SM90_DEFINES", switches)
+    keys = [k for k in KEYS if SWITCHES[switches](k)]
     src = dc.decode_source(keys, combine=False)
-    assert src.startswith("#define FA_DECODE_FP8_DIRECT 1\n")
+    for define in switches.split(","):
+        assert f"#define {define.replace('=', ' ')}\n" in src
     cubin, log = cc.compile_for_arch(src, arch)
     infos = cc.parse_ptxas_log(log)
     for key in keys:

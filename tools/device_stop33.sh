@@ -12,6 +12,9 @@
 #   MODE=widecheck: where the wide D=128 tile starts to pay (compile.SM90_WIDE_MIN_KEYS):
 #     quickbench non-causal D=128 S 512 .. 8k as shipped, with 176-key tiles everywhere
 #     (FA_SM90_BLOCKN_128=176) and with 128-key tiles everywhere (FA_SM90_BLOCKN_128_WIDE=128).
+#   MODE=fused: FA_DECODE_FUSED_COMBINE=1 (flash_decode.cu, not yet device-verified): the decode
+#     GPU tests with it (incl. test_fused_combine_switch), then bench_decode's B = 1 / 16 rows
+#     with it and without (one process each).
 #   MODE=splits: B = 1 decode GPU time against num_splits, beside cuDNN (tools/decode_split_sweep.py).
 #   MODE=fp8direct: the float8 decode kernel with FA_DECODE_FP8_DIRECT=1 (flash_decode.cu, not
 #     yet device-verified): the float8 GPU tests on it, then bench_decode's fp8 rows with it and
@@ -56,6 +59,20 @@ if [ "$mode" = widecheck ]; then
     stamp "quickbench '${v:-as shipped}'"
     CUPY_FLASHATTN_SM90_DEFINES="$v" timeout 200 python3 tools/quickbench_sm90.py --archs sm90 \
       --no-torch --rows "$wrows" 2>&1 | tail -n 6
+  done
+fi
+if [ "$mode" = fused ]; then
+  rows=${ROWS:-1:4096,1:32768,16:16384}
+  stamp "decode tests, FA_DECODE_FUSED_COMBINE=1"
+  CUPY_FLASHATTN_SM90_DEFINES=FA_DECODE_FUSED_COMBINE=1 timeout 240 python3 -m pytest -m gpu -q \
+    -p no:cacheprovider -rfE tests/gpu/test_gpu_decode.py tests/gpu/test_gpu_fp8_decode.py \
+    tests/gpu/test_gpu_frontend.py > "$OUT/pytest_fused.txt" 2>&1
+  tail -n 2 "$OUT/pytest_fused.txt"; grep -m 10 FAILED "$OUT/pytest_fused.txt"
+  for v in "FA_DECODE_FUSED_COMBINE=1" ""; do
+    stamp "bench_decode '${v:-combine kernel}'"
+    CUPY_FLASHATTN_SM90_DEFINES="$v" timeout 120 python3 benchmarks/bench_decode.py --rows "$rows" \
+      --heads 32/8 --pages 16 --out "$OUT/bd_fused${v:+_on}" > "$OUT/bd_fused${v:+_on}.txt" 2>&1
+    grep -E "^\| [0-9]" "$OUT/bd_fused${v:+_on}.txt" | cut -d'|' -f2-8,12-19
   done
 fi
 if [ "$mode" = splits ]; then

@@ -55,6 +55,14 @@
 #ifndef FA_DECODE_FP8_DIRECT
 #define FA_DECODE_FP8_DIRECT 0
 #endif
+// FA_DECODE_FUSED_COMBINE=1 (a tuning switch, off by default until a device run verifies it):
+// with split-KV, the last split CTA of each (query tile, kv head, sequence) to finish combines
+// the tile's partials itself (a per-tile counter, see the end of flash_decode), so a split
+// decode step is one launch instead of two (issue 16: B = 1 latency).  The host turns it on per
+// plan (decode.py fused_combine_applies) by passing split_counters; null keeps the combine kernel.
+#ifndef FA_DECODE_FUSED_COMBINE
+#define FA_DECODE_FUSED_COMBINE 0
+#endif
 #include "../attn/block_info.cuh"
 #include "../attn/fp8.cuh"
 #include "../attn/mask.cuh"
@@ -77,6 +85,9 @@ struct DecodeParams {
   int paged;              // run-time: K/V through the block table
   const float* k_scale;   // (Hk,) float8 K/V dequantization scales, or null (16-bit K/V)
   const float* v_scale;
+  // FA_DECODE_FUSED_COMBINE: (B, gridDim.y, m_blocks) int32 counters, zero between launches
+  // (the combining CTA resets its own), or null: the combine kernel merges the splits.
+  int* split_counters;
 };
 
 // Decode traits per head-dim bucket: kStages ring slots per warp.  Shared memory per CTA is
@@ -208,6 +219,93 @@ __device__ __forceinline__ void stage_fp8_tile(u32 src, u32 staging, int lane) {
     st_shared_v4(dst + 16, hi);
   }
   __syncwarp();
+}
+
+// ---- Combine: out = sum_s exp(lse_s - lse) O_s, lse = log sum_s exp(lse_s) --------------------
+// One warp per (row, head).  Partial s of (row, head) lives at
+//   o_in + s * o_split_stride + row * o_row_stride + head * o_head_stride   (elements)
+//   lse_in + s * lse_split_stride + (row / lse_rows) * lse_batch_stride + head * lse_head_stride + row % lse_rows
+// (lse_rows = rows per batch of a dense (B, H, S) LSE; = rows with a varlen (H, total) one).
+// A partial with an infinite LSE (either sign: no visible key) weighs 0 and its O is never read
+// (it may hold anything).  No partial with a key -> out 0, lse +inf.  A partial whose LSE is NaN
+// (a NaN score) makes the row NaN: it passes the "not infinite" test, fmaxf skips it in the max,
+// and its weight exp2(NaN) = NaN makes the total, the lse and every output element NaN.
+// Sinks (split-KV decode of a call with sinks; never merge_attention_states): the sink of the
+// head is one more partial with lse = sinks[head] and O = 0, so it enters the max and the total
+// but no output element -- counted once, since the split partials leave it out.
+// Element types by code: 0 float32, 1 float16, 2 bfloat16.
+struct CombineParams {
+  const void* o_in;
+  const float* lse_in;
+  const float* sinks;  // (heads,) attention-sink logits, natural units, or null (see below)
+  void* o_out;
+  float* lse_out;
+  i64 o_split_stride, o_row_stride, o_head_stride;
+  i64 lse_split_stride, lse_batch_stride, lse_head_stride;
+  i64 out_row_stride, out_head_stride;
+  i64 lse_out_batch_stride, lse_out_head_stride;
+  int lse_rows;
+  int rows, heads, head_dim, num_splits;
+  int in_type, out_type;
+};
+
+// A partial's O element: through L1 (the combine kernel: the decode kernel wrote them before
+// it started), or from L2 (kBypassL1: the fused combine reads partials that other CTAs of the
+// same launch wrote, which this SM's L1 may hold stale).
+template <bool kBypassL1>
+__device__ __forceinline__ float partial_o(const CombineParams& c, i64 i) {
+  if constexpr (kBypassL1) return __ldcg(static_cast<const float*>(c.o_in) + i);  // float32 partials
+  else return load_elem(c.o_in, i, c.in_type);
+}
+template <bool kBypassL1>
+__device__ __forceinline__ float partial_lse(const CombineParams& c, i64 i) {
+  if constexpr (kBypassL1) return __ldcg(c.lse_in + i);
+  else return c.lse_in[i];
+}
+
+// One (row, head) pair, by one warp (lane 0 .. 31 over the head dim).
+template <bool kBypassL1>
+__device__ __forceinline__ void combine_pair(const CombineParams& c, int row, int head, int lane) {
+  const i64 lse_off = (i64)(row / c.lse_rows) * c.lse_batch_stride + (i64)head * c.lse_head_stride + row % c.lse_rows;
+  // Partial s is the state (m = lse_s, l = 1) in natural units (c = log2 e); softmax.cuh's
+  // merge rules give the total and the weights.
+  float mx = neg_inf();
+  for (int s = 0; s < c.num_splits; ++s) {
+    const float l = partial_lse<kBypassL1>(c, s * c.lse_split_stride + lse_off);
+    if (fabsf(l) != pos_inf()) mx = fmaxf(mx, l);  // finite or NaN (fmaxf skips NaN)
+  }
+  const bool has_sink = c.sinks != nullptr;
+  const float sink = has_sink ? c.sinks[head] : neg_inf();
+  mx = fmaxf(mx, sink);
+  const float shift = row_shift(mx, kLog2e);
+  float total = has_sink ? part_weight(sink, kLog2e, shift) : 0.f;
+  for (int s = 0; s < c.num_splits; ++s) {
+    const float l = partial_lse<kBypassL1>(c, s * c.lse_split_stride + lse_off);
+    if (fabsf(l) != pos_inf()) total += part_weight(l, kLog2e, shift);
+  }
+  const bool empty = total == 0.f;  // no partial with a key (NaN: not empty)
+  const float lse = state_lse(mx, total, kLog2e);
+  const float lse_log2 = lse * kLog2e;
+  const i64 o_off = (i64)row * c.o_row_stride + (i64)head * c.o_head_stride;
+  const i64 out_off = (i64)row * c.out_row_stride + (i64)head * c.out_head_stride;
+  for (int d = lane; d < c.head_dim; d += 32) {
+    float acc = 0.f;
+    for (int s = 0; s < c.num_splits; ++s) {
+      const float l = partial_lse<kBypassL1>(c, s * c.lse_split_stride + lse_off);
+      if (fabsf(l) != pos_inf())
+        acc += part_weight(l, kLog2e, lse_log2) * partial_o<kBypassL1>(c, s * c.o_split_stride + o_off + d);
+    }
+    store_elem(c.o_out, out_off + d, c.out_type, empty ? 0.f : acc);
+  }
+  if (lane == 0)
+    c.lse_out[(i64)(row / c.lse_rows) * c.lse_out_batch_stride + (i64)head * c.lse_out_head_stride + row % c.lse_rows] = lse;
+}
+
+__device__ void combine_states(const CombineParams& c) {
+  const i64 pair = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (pair >= (i64)c.rows * c.heads) return;
+  combine_pair<false>(c, (int)(pair / c.heads), (int)(pair % c.heads), lane);
 }
 
 // FA_DECODE_FP8_DIRECT: Q's rows (16-bit, in shared memory) in the order the float8 K fragments
@@ -635,74 +733,57 @@ __device__ void flash_decode(const DecodeParams& dp) {
       if (d == 0 && v_col0 == 0) p.lse[(i64)head * p.lse_head_stride + qrow] = lse;
     }
   }
-}
-
-// ---- Combine: out = sum_s exp(lse_s - lse) O_s, lse = log sum_s exp(lse_s) --------------------
-// One warp per (row, head).  Partial s of (row, head) lives at
-//   o_in + s * o_split_stride + row * o_row_stride + head * o_head_stride   (elements)
-//   lse_in + s * lse_split_stride + (row / lse_rows) * lse_batch_stride + head * lse_head_stride + row % lse_rows
-// (lse_rows = rows per batch of a dense (B, H, S) LSE; = rows with a varlen (H, total) one).
-// A partial with an infinite LSE (either sign: no visible key) weighs 0 and its O is never read
-// (it may hold anything).  No partial with a key -> out 0, lse +inf.  A partial whose LSE is NaN
-// (a NaN score) makes the row NaN: it passes the "not infinite" test, fmaxf skips it in the max,
-// and its weight exp2(NaN) = NaN makes the total, the lse and every output element NaN.
-// Sinks (split-KV decode of a call with sinks; never merge_attention_states): the sink of the
-// head is one more partial with lse = sinks[head] and O = 0, so it enters the max and the total
-// but no output element -- counted once, since the split partials leave it out.
-// Element types by code: 0 float32, 1 float16, 2 bfloat16.
-struct CombineParams {
-  const void* o_in;
-  const float* lse_in;
-  const float* sinks;  // (heads,) attention-sink logits, natural units, or null (see below)
-  void* o_out;
-  float* lse_out;
-  i64 o_split_stride, o_row_stride, o_head_stride;
-  i64 lse_split_stride, lse_batch_stride, lse_head_stride;
-  i64 out_row_stride, out_head_stride;
-  i64 lse_out_batch_stride, lse_out_head_stride;
-  int lse_rows;
-  int rows, heads, head_dim, num_splits;
-  int in_type, out_type;
-};
-
-__device__ void combine_states(const CombineParams& c) {
-  const i64 pair = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x & 31;
-  if (pair >= (i64)c.rows * c.heads) return;
-  const int row = (int)(pair / c.heads), head = (int)(pair % c.heads);
-  const i64 lse_off = (i64)(row / c.lse_rows) * c.lse_batch_stride + (i64)head * c.lse_head_stride + row % c.lse_rows;
-  // Partial s is the state (m = lse_s, l = 1) in natural units (c = log2 e); softmax.cuh's
-  // merge rules give the total and the weights.
-  float mx = neg_inf();
-  for (int s = 0; s < c.num_splits; ++s) {
-    const float l = c.lse_in[s * c.lse_split_stride + lse_off];
-    if (fabsf(l) != pos_inf()) mx = fmaxf(mx, l);  // finite or NaN (fmaxf skips NaN)
-  }
-  const bool has_sink = c.sinks != nullptr;
-  const float sink = has_sink ? c.sinks[head] : neg_inf();
-  mx = fmaxf(mx, sink);
-  const float shift = row_shift(mx, kLog2e);
-  float total = has_sink ? part_weight(sink, kLog2e, shift) : 0.f;
-  for (int s = 0; s < c.num_splits; ++s) {
-    const float l = c.lse_in[s * c.lse_split_stride + lse_off];
-    if (fabsf(l) != pos_inf()) total += part_weight(l, kLog2e, shift);
-  }
-  const bool empty = total == 0.f;  // no partial with a key (NaN: not empty)
-  const float lse = state_lse(mx, total, kLog2e);
-  const float lse_log2 = lse * kLog2e;
-  const i64 o_off = (i64)row * c.o_row_stride + (i64)head * c.o_head_stride;
-  const i64 out_off = (i64)row * c.out_row_stride + (i64)head * c.out_head_stride;
-  for (int d = lane; d < c.head_dim; d += 32) {
-    float acc = 0.f;
-    for (int s = 0; s < c.num_splits; ++s) {
-      const float l = c.lse_in[s * c.lse_split_stride + lse_off];
-      if (fabsf(l) != pos_inf())
-        acc += part_weight(l, kLog2e, lse_log2) * load_elem(c.o_in, s * c.o_split_stride + o_off + d, c.in_type);
+#if FA_DECODE_FUSED_COMBINE
+  if constexpr (kVSplits == 1) {
+    if (split_mode && dp.split_counters != nullptr) {
+      // The last of the tile's num_splits CTAs to get here merges their partials (the
+      // threadFenceReduction pattern): each CTA makes its partial stores visible device-wide,
+      // then counts itself in; the one that counts last sees every other CTA's partials (read
+      // from L2: combine_pair<true>) and resets the counter for the next launch (graph replays).
+      __shared__ int s_last;
+      __threadfence();
+      __syncthreads();
+      if (tidx == 0) {
+        int* counter = dp.split_counters + ((i64)bidb * gridDim.y + blockIdx.y) * dp.m_blocks + m_block;
+        const int arrived = atomicAdd(counter, 1);
+        s_last = arrived == dp.num_splits - 1;
+        if (s_last) *counter = 0;
+      }
+      __syncthreads();
+      if (s_last) {
+        __threadfence();
+        CombineParams cp;
+        cp.o_in = dp.oaccum;
+        cp.lse_in = dp.lse_accum;
+        cp.sinks = p.sinks;
+        cp.o_out = p.o;
+        cp.lse_out = p.lse;
+        cp.o_split_stride = (i64)p.total_q * p.num_heads * hd;  // the partials' layout above
+        cp.o_row_stride = (i64)p.num_heads * hd;
+        cp.o_head_stride = hd;
+        cp.lse_split_stride = (i64)p.num_heads * p.total_q;
+        cp.lse_batch_stride = 0;
+        cp.lse_head_stride = p.total_q;
+        cp.out_row_stride = p.o_row_stride;
+        cp.out_head_stride = p.o_head_stride;
+        cp.lse_out_batch_stride = 0;
+        cp.lse_out_head_stride = p.lse_head_stride;
+        cp.lse_rows = p.total_q;
+        cp.rows = p.total_q;
+        cp.heads = p.num_heads;
+        cp.head_dim = hd;
+        cp.num_splits = dp.num_splits;
+        cp.in_type = 0;                       // float32 partials
+        cp.out_type = Elem::kIsF16 ? 1 : 2;  // the query's type
+        // This tile's packed rows, one (query, head) pair per warp.
+        for (int r = warp; r < kDecodeRows && row0 + r < rows_total; r += kDecodeWarps) {
+          const int pr = row0 + r;
+          combine_pair<true>(cp, q_start + pr / g, hk * g + pr % g, lane);
+        }
+      }
     }
-    store_elem(c.o_out, out_off + d, c.out_type, empty ? 0.f : acc);
   }
-  if (lane == 0)
-    c.lse_out[(i64)(row / c.lse_rows) * c.lse_out_batch_stride + (i64)head * c.lse_out_head_stride + row % c.lse_rows] = lse;
+#endif
 }
 
 }  // namespace fa

@@ -74,6 +74,7 @@ DECODE_EXTRA = (
     ("int", "paged"),
     ("const float*", "k_scale"),
     ("const float*", "v_scale"),
+    ("int*", "split_counters"),
 )
 
 #: Float8 K/V formats of the decode kernel (DecodeKey.kv) -> fa:: format tag (attn/fp8.cuh),
@@ -246,7 +247,12 @@ def rope_source() -> str:
 
 
 def _decode_kernel(key: DecodeKey):
-    return load_function(("decode", key), lambda: decode_source([key], combine=False), key.name,
+    from .compile import _tuning_defines
+
+    # The tuning switches are part of the key: a process that changes them (a test, an A/B
+    # run) must not launch a kernel built without the switch its plan was made for.
+    return load_function(("decode", key, tuple(_tuning_defines())),
+                         lambda: decode_source([key], combine=False), key.name,
                          smem_bytes(key.head_dim, key.kv))
 
 
@@ -373,6 +379,19 @@ def decode_grid(problem: AttentionProblem, m_blocks: int, splits: int, v_splits:
     return (splits * m_blocks, problem.num_heads_k * v_splits, int(problem.batch_size))
 
 
+def fused_combine_applies(problem: AttentionProblem, splits: int, v_splits: int,
+                          len_q_max: int, direct: bool) -> bool:
+    """Whether a decode launch merges its split partials in its last split CTAs instead of the
+    combine kernel (flash_decode.cu FA_DECODE_FUSED_COMBINE, a tuning switch that is off by
+    default): split-KV, the kernel writing the caller's arrays directly, no V-split, and every
+    output row covered by a sequence this launch serves -- dense queries (varlen rows that no
+    sequence covers are written as empty by the combine kernel only) and not a mixed batch."""
+    from .compile import _tuning_defines
+
+    return ("-DFA_DECODE_FUSED_COMBINE=1" in _tuning_defines() and splits > 1 and v_splits == 1
+            and direct and problem.cu_seqlens_q is None and len_q_max == INT_MAX)
+
+
 class DecodePlan:
     """Host-side decisions of one decode launch (kernel, split count, grid, packed arguments),
     made once per problem shape: :meth:`run` then only allocates the split workspace, rebinds
@@ -401,11 +420,14 @@ class DecodePlan:
         ws_bytes = 4 * (int(np.prod(self.oacc_shape)) + int(np.prod(self.lacc_shape)))
         self.keep_workspace = ws_bytes <= SPLIT_WORKSPACE_KEEP_BYTES
         self.launch = self.combine_launch = None
+        self.fused = fused_combine_applies(p, self.splits, self.key.v_splits, self.len_q_max,
+                                           self.direct)
+        self._counters: dict = {}  # stream -> split counters (fused combine)
         if self.direct and not self.empty:
             self.launch = Launch(self.kernel, self.grid, (DECODE_THREADS,), self.smem,
                                  DECODE_ARGS, DECODE_ARGS.new(self._values(ops)))
             pairs = total_q * H
-            if self.splits > 1 and pairs > 0:
+            if self.splits > 1 and pairs > 0 and not self.fused:
                 self.combine_launch = Launch(
                     _combine_kernel(), (-(-pairs // COMBINE_PAIRS_PER_CTA),), (COMBINE_THREADS,),
                     0, COMBINE_ARGS,
@@ -431,7 +453,18 @@ class DecodePlan:
     def _values(self, ops, oacc=None, lacc=None) -> dict:
         return {**ops.fwd_values(len_q_max=self.len_q_max), "oaccum": oacc, "lse_accum": lacc,
                 "num_splits": self.splits, "m_blocks": self.m_blocks,
-                "paged": 1 if ops.problem.paged else 0, **self._scales(ops.problem)}
+                "paged": 1 if ops.problem.paged else 0, "split_counters": None,
+                **self._scales(ops.problem)}
+
+    def _split_counters(self, cupy):
+        """The fused combine's per-tile counters, one set per CUDA stream (zeroed once; the
+        combining CTA resets its own, so calls and graph replays find them at 0)."""
+        key = cupy.cuda.get_current_stream().ptr
+        counters = self._counters.get(key)
+        if counters is None:
+            _, y, b = self.grid
+            counters = self._counters[key] = cupy.zeros(b * y * self.m_blocks, dtype=np.int32)
+        return counters
 
     def _scales(self, p) -> dict:
         """A float8 K/V's dequantization scales: (Hk,) float32 CuPy arrays (None: 1)."""
@@ -464,6 +497,8 @@ class DecodePlan:
         if self.direct:
             pointers = problem_pointers(p)
             pointers["oaccum"], pointers["lse_accum"] = oacc, lacc
+            if self.fused:
+                pointers["split_counters"] = self._split_counters(cupy)
             if self.key.kv:  # float8 K/V: the call's scales too (nothing on the 16-bit path)
                 pointers.update(self._scales(p))
             self.launch(pointers)

@@ -372,3 +372,44 @@ def test_merge_gpu_matches_numpy(dt, dense):
     tol = 1e-5 if dt == np.float32 else (2e-2 if dt == BF16 else 4e-3)
     np.testing.assert_allclose(cupy.asnumpy(o).astype(np.float64), o_ref.astype(np.float64), rtol=tol, atol=tol)
     np.testing.assert_allclose(cupy.asnumpy(l), l_ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+@pytest.mark.parametrize("dt", [F16, BF16], ids=str)
+def test_fused_combine_switch(monkeypatch, dt, sinks):
+    """FA_DECODE_FUSED_COMBINE=1 (flash_decode.cu; off by default): split-KV decode whose last
+    split CTA per tile merges the partials -- no combine launch -- within the bound, equal to
+    the combine kernel's result up to summation order, and again on the next launches (the
+    combining CTA resets its counter).  Sequences with keys in only some splits and one with no
+    key at all (its row: 0, LSE +inf)."""
+    from cupy_flashattn._cuda.decode import DecodePlan
+
+    rng = np.random.default_rng(7 + sinks)
+    problem = make_problem(rng, dt=dt, d=128, h=8, hk=2, lens_q=[1, 1, 1, 1],
+                           lens_k=[3000, 40, 0, 1025], num_splits=6)
+    if sinks:
+        problem.sinks = cupy.asarray(rng.uniform(-1.0, 2.0, 8).astype(np.float32))
+    baseline = DecodePlan(problem)
+    assert baseline.combine_launch is not None and not baseline.fused
+    baseline.run(problem)
+    out0, lse0 = problem.out.copy(), problem.softmax_lse.copy()
+    monkeypatch.setenv("CUPY_FLASHATTN_SM90_DEFINES", "FA_DECODE_FUSED_COMBINE=1")
+    plan = DecodePlan(problem)
+    assert plan.fused and plan.combine_launch is None and plan.splits == 6
+    for _ in range(3):  # the counters must be back at 0 after every launch
+        problem.out[...] = cupy.full(problem.out.shape, np.nan, dtype=problem.out.dtype)
+        problem.softmax_lse[...] = np.nan
+        plan.run(problem)
+        np.testing.assert_allclose(cupy.asnumpy(problem.out).astype(np.float32),
+                                   cupy.asnumpy(out0).astype(np.float32), rtol=0, atol=2e-2)
+        np.testing.assert_allclose(cupy.asnumpy(problem.softmax_lse), cupy.asnumpy(lse0),
+                                   rtol=1e-5, atol=1e-5)
+    ref, ref_lse = problem_ref(problem)
+    naive, _ = problem_ref(problem, upcast=False)
+    out = cupy.asnumpy(problem.out).astype(np.float64)
+    err = np.abs(out - ref).max()
+    assert err <= 2 * np.abs(naive.astype(np.float64) - ref).max() + EPS[dt]
+    lse = cupy.asnumpy(problem.softmax_lse)
+    assert np.array_equal(np.isinf(lse), np.isinf(ref_lse))
+    assert (out[2] == 0).all()  # the sequence without keys (its LSE: +inf, or the sink's)
+    assert np.isinf(lse[:, 2]).all() != sinks
