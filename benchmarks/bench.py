@@ -618,7 +618,8 @@ def main(argv=None):
         " (dense-sm80: the mma.sync family on the same problem)" if arch == "sm90" else "") + "; "
     def tile(d):
         tr, wide = cc.traits(d, arch), cc.traits(d, arch, wide=True)
-        alt = (f" ({wide.block_m}x{wide.block_n} without a causal / local window)"
+        alt = (f" ({wide.block_m}x{wide.block_n} without a causal / local window, keys >= "
+               f"{cc.SM90_WIDE_MIN_KEYS})"
                if arch == "sm90" and wide.block_n != tr.block_n else "")
         return f"D={d}: {tr.block_m}x{tr.block_n}{alt}, {tr.num_warps} warps"
     tiles += ", ".join(tile(d) for d in args.dims)

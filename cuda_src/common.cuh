@@ -15,6 +15,12 @@ using u32 = unsigned int;
 using i64 = long long;
 using u64 = unsigned long long;
 
+// std::conditional_t without <type_traits> (NVRTC has no standard headers here): A if kIf,
+// else B.
+template <bool kIf, class A, class B> struct Conditional { using type = A; };
+template <class A, class B> struct Conditional<false, A, B> { using type = B; };
+template <bool kIf, class A, class B> using conditional_t = typename Conditional<kIf, A, B>::type;
+
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 // The same constants for float64 state, as functions: a namespace-scope double constant would

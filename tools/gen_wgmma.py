@@ -12,7 +12,10 @@ import pathlib
 
 #: (kind, N): "ss" = A and B from shared memory (S = Q K^T); "rs" = A from registers
 #: (O += P V, B = V read MN-major, i.e. transposed).
-SHAPES = (("ss", 64), ("ss", 80), ("ss", 128), ("ss", 160), ("ss", 176), ("ss", 192), ("rs", 64))
+#: The ss widths are the key tiles sm90/kernel_traits.cuh ships (64: D 192 and paged D 256; 80:
+#: D 256; 128; 176: the wide D 128 kernel); a tile sweep adds its widths here (160 and 192 were
+#: measured at stop 33 and lost, benchmarks/NOTES.md).
+SHAPES = (("ss", 64), ("ss", 80), ("ss", 128), ("ss", 176), ("rs", 64))
 #: The key-tile widths S = Q K^T is generated for (ss_qk<kN> picks the wrapper).
 SS_WIDTHS = tuple(n for kind, n in SHAPES if kind == "ss")
 TYPES = (("Bf16", "bf16"), ("F16", "f16"))

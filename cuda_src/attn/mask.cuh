@@ -87,9 +87,7 @@ struct LogitTransform {
 
 // One bit per column of a lane's fragment (2 per n8 tile): 32 bits up to 128-key tiles, 64
 // for wider ones (the sm90 kernel's 176-key tiles).
-template <bool kWide> struct ColumnBits { using type = unsigned; };
-template <> struct ColumnBits<true> { using type = unsigned long long; };
-template <int kNTiles> using column_bits_t = typename ColumnBits<(2 * kNTiles > 32)>::type;
+template <int kNTiles> using column_bits_t = conditional_t<(2 * kNTiles > 32), u64, unsigned>;
 
 // Set the logits of keys a row does not see to -inf.  Row (mi, h) sees keys [lo, hi] that
 // keys_of(mi, h, lo, hi) gives (Window::row_keys of its query row, so keys past len_k are

@@ -141,15 +141,6 @@ struct DecodeSmem {
 
 __device__ __forceinline__ u32 lane_id() { return threadIdx.x & 31; }
 
-template <bool kFirst, class A, class B>
-struct Choose {
-  using type = A;
-};
-template <class A, class B>
-struct Choose<false, A, B> {
-  using type = B;
-};
-
 // Float8 K/V with bfloat16 queries (the tensor cores run in float16): each of the CTA's 16 Q
 // rows in shared memory is rewritten in place as float16 of q * 2^-e, e per row such that the
 // row's largest |q| lands in [2^14, 2^15) -- exact for every element above 2^-24 of the row's
@@ -346,7 +337,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
   using Sm = DecodeSmem<kD, Kv::kBytes>;
   constexpr bool kFp8 = Kv::kBytes == 1;
   // The tensor-core type: the query's, or float16 for float8 K/V (see the file comment).
-  using Mma = typename Choose<kFp8, F16, Elem>::type;
+  using Mma = conditional_t<kFp8, F16, Elem>;
   constexpr int kStages = DecodeTraits<kD>::kStages;
   constexpr int kChunks = kD / 8;  // 16-byte chunks per row (bucket width)
   constexpr int kChunks8 = kD / 16;  // 16-byte chunks per float8 row

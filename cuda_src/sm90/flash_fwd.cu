@@ -182,7 +182,8 @@ __device__ __forceinline__ void producer_copy(u32 s, const u16* head, const FwdP
                                               const int* ids, int n_block, int t) {
   const int row_t = t >> 3, chunk_t = t & 7;
   // Paged: one row at a time (its page id, then its copies); unrolled, ptxas hoists every
-  // row's address and the producer's 56 registers spill.
+  // row's address and the producer's 56 registers spill.  Odd row counts too (D = 256's
+  // 80-key tile: 5 rows spilled 4 bytes unrolled).
 #pragma unroll(Is_paged || ProducerRows<Tr, Is_paged>::kRows % 2 ? 1 : ProducerRows<Tr, Is_paged>::kRows)
   for (int i = 0; i < ProducerRows<Tr, Is_paged>::kRows; ++i) {
     const int row = row_t + 16 * i;

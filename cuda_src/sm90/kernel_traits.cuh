@@ -38,7 +38,8 @@
 #ifndef FA_SM90_STAGES_128
 #define FA_SM90_STAGES_128 2
 #endif
-// Key-tile width per head-dim bucket (device sweeps; the values below are the shipped ones).
+// Key-tile width per head-dim bucket (device sweeps; the values below are the shipped ones; a
+// width needs its S = Q K^T wrapper in tools/gen_wgmma.py's SHAPES).
 #ifndef FA_SM90_BLOCKN_64
 #define FA_SM90_BLOCKN_64 128
 #endif
@@ -47,12 +48,6 @@
 #endif
 #ifndef FA_SM90_BLOCKN_128_WIDE
 #define FA_SM90_BLOCKN_128_WIDE 176
-#endif
-#ifndef FA_SM90_PRODUCER_REGS_128
-#define FA_SM90_PRODUCER_REGS_128 56
-#endif
-#ifndef FA_SM90_PRODUCER_REGS_256
-#define FA_SM90_PRODUCER_REGS_256 56
 #endif
 #ifndef FA_SM90_BLOCKN_256
 #define FA_SM90_BLOCKN_256 80
@@ -150,7 +145,7 @@ struct Sm90FwdTraits<kHeadDim, false, true> : Sm90FwdTraits<kHeadDim, false, fal
 template <> struct Sm90FwdTraits<64> : Sm90FwdTraitsBase<64, FA_SM90_BLOCKN_64, 3> {};
 // D = 128: 128 x 128, 2 stages (32 + 128 KB).  S 64 + O 64 fp32 registers per consumer thread.
 // 3 stages (224 KB) measured the same (579 vs 584 TFLOP/s, S = 4k): the producer keeps up.
-template <> struct Sm90FwdTraits<128> : Sm90FwdTraitsBase<128, FA_SM90_BLOCKN_128, FA_SM90_STAGES_128, FA_SM90_PRODUCER_REGS_128> {};
+template <> struct Sm90FwdTraits<128> : Sm90FwdTraitsBase<128, FA_SM90_BLOCKN_128, FA_SM90_STAGES_128> {};
 // Wide (no window): 128 x 176, 2 stages (32 + 176 KB; O shares Q's buffer).  S 88 + P 44 + O 64
 // registers per consumer thread.  Measured against 128 x 128 (NOTES.md, sm90 key-tile widths;
 // H100, bf16, TFLOP/s, S = 2k / 4k / 8k): 604 / 643 / 682 vs 605 / 635 / 643; causal on 176
@@ -164,7 +159,7 @@ template <> struct Sm90FwdTraits<192> : Sm90FwdTraitsBase<192, 64, 2> {};
 // consumer thread.  Measured against 128 x 64 (NOTES.md, sm90 key-tile widths; H100, bf16,
 // TFLOP/s, S = 4k full / causal, 8k full): 670 / 605 / 660 vs 629 / 587 / 641 -- FlashAttention-3's
 // choice too.  Paged keeps 64 keys: 80 is not a multiple or a divisor of pages of 32 .. 256.
-template <> struct Sm90FwdTraits<256> : Sm90FwdTraitsBase<256, FA_SM90_BLOCKN_256, 2, FA_SM90_PRODUCER_REGS_256> {};
+template <> struct Sm90FwdTraits<256> : Sm90FwdTraitsBase<256, FA_SM90_BLOCKN_256, 2> {};
 template <> struct Sm90FwdTraits<256, true> : Sm90FwdTraitsBase<256, 64, 2> {};
 
 }  // namespace fa

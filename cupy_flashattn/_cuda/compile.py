@@ -459,12 +459,14 @@ def load_function(cache_key, make_source, name: str, smem_bytes: int, device_id=
     otherwise fail on GPU 1).  The module is loaded per device too (the devices may differ in
     architecture); its compiled code comes from CuPy's disk cache after the first build.
     ``target`` (e.g. "90a"): build for that NVRTC architecture instead of the device's own
-    (:func:`_target_module`)."""
+    (:func:`_target_module`).  The tuning switches (:func:`_tuning_defines`) are part of the
+    memory cache's key, as they are of the disk caches': a process that changes them (a test,
+    an A/B run) never launches a kernel built without the switches its plan was made for."""
     import cupy
 
     if device_id is None:
         device_id = cupy.cuda.runtime.getDevice()
-    fkey = (cache_key, device_id)
+    fkey = (cache_key, tuple(_tuning_defines()), device_id)
     fn = _FUNCTIONS.get(fkey)
     if fn is not None:
         return fn
@@ -567,8 +569,9 @@ def bucket_for(head_dim: int, buckets=HEAD_DIM_BUCKETS) -> int:
 
 def _tuning_defines() -> list:
     """``-D`` options from ``$CUPY_FLASHATTN_SM90_DEFINES`` ("FA_SM90_PINGPONG=1,..."): the
-    kernels' tuning switches (sm90/kernel_traits.cuh; the decode kernel's FA_DECODE_FP8_DIRECT,
-    which decode.decode_source writes into its source text), for device sweeps only."""
+    kernels' tuning switches (sm90/kernel_traits.cuh; the decode kernel's FA_DECODE_* switches
+    of sm80/flash_decode.cu, which decode.decode_source writes into its source text), for device
+    sweeps and A/B runs only."""
     text = os.environ.get("CUPY_FLASHATTN_SM90_DEFINES", "")
     return [f"-D{d.strip()}" for d in text.split(",") if d.strip()]
 

@@ -247,12 +247,7 @@ def rope_source() -> str:
 
 
 def _decode_kernel(key: DecodeKey):
-    from .compile import _tuning_defines
-
-    # The tuning switches are part of the key: a process that changes them (a test, an A/B
-    # run) must not launch a kernel built without the switch its plan was made for.
-    return load_function(("decode", key, tuple(_tuning_defines())),
-                         lambda: decode_source([key], combine=False), key.name,
+    return load_function(("decode", key), lambda: decode_source([key], combine=False), key.name,
                          smem_bytes(key.head_dim, key.kv))
 
 
