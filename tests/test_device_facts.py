@@ -32,6 +32,13 @@ def _decode_smem(d, stages, v_splits=1):
     return 16 * row + max(4 * stages * 16 * (row + row_v), 4 * 16 * (dv + 8) * 4)
 
 
+def _decode_smem_fp8(d, stages):
+    """Float8 K/V: Q (16 padded 16-bit rows) + max(4 warps x stages x (K + V) 16-row tiles of
+    float8 rows padded by 16 bytes, fp32 merge buffer) -- no float16 staging tile (the direct
+    fragments read the float8 ring)."""
+    return 16 * (d + 8) * 2 + max(4 * stages * 2 * 16 * (d + 16), 4 * 16 * (d + 8) * 4)
+
+
 @pytest.mark.parametrize("d", cc.HEAD_DIM_BUCKETS)
 def test_prefill_traits_come_from_the_compiler(d):
     t = cc.traits(d)
@@ -50,6 +57,13 @@ def test_decode_traits_come_from_the_compiler(d):
     assert dc.smem_bytes(d) == _decode_smem(d, key.stages, key.v_splits)
     assert key.v_splits == (2 if d > 256 else 1)
     assert dc.smem_bytes(d) * key.min_blocks <= 227 * 1024  # fits an H100/H200 SM
+
+
+@pytest.mark.parametrize("d", dc.FP8_KV_BUCKETS)
+def test_fp8_decode_smem_comes_from_the_compiler(d):
+    key = dc.DecodeKey("bf16", d, kv="e4m3")
+    assert dc.smem_bytes(d, "e4m3") == dc.smem_bytes(d, "e5m2") == _decode_smem_fp8(d, key.stages)
+    assert dc.smem_bytes(d, "e4m3") * key.min_blocks <= 227 * 1024
 
 
 def test_tuning_override_smem_is_asked_of_the_compiler():
@@ -74,14 +88,17 @@ def test_disk_cache_round_trip(tmp_path, monkeypatch):
 
 def test_facts_follow_the_tuning_switches(monkeypatch):
     """A process that changes $CUPY_FLASHATTN_SM90_DEFINES reads the facts of the new switches
-    (the memory caches are keyed by them): FA_DECODE_FP8_DIRECT drops the float8 decode kernel's
-    staging tile and pads its ring rows, so its shared memory changes."""
+    (the memory caches are keyed by them): FA_SM90_BLOCKN_256=64 narrows the sm90 D = 256 key
+    tile, so its shared memory shrinks too.  The decode kernel's one switch,
+    FA_DECODE_FUSED_COMBINE=0 (the A/B baseline without the fused combine), changes code only:
+    its facts stay those of the default build."""
     monkeypatch.delenv("CUPY_FLASHATTN_SM90_DEFINES", raising=False)
-    staged = dc.smem_bytes(128, "e4m3")
-    monkeypatch.setenv("CUPY_FLASHATTN_SM90_DEFINES", "FA_DECODE_FP8_DIRECT=1")
-    direct = dc.smem_bytes(128, "e4m3")
-    assert direct != staged
+    shipped = cc.traits(256, "sm90")
+    decode = dc.decode_facts()
     monkeypatch.setenv("CUPY_FLASHATTN_SM90_DEFINES", "FA_SM90_BLOCKN_256=64")
-    assert cc.traits(256, "sm90").block_n == 64
+    narrow = cc.traits(256, "sm90")
+    assert narrow.block_n == 64 and narrow.smem_bytes < shipped.smem_bytes
+    monkeypatch.setenv("CUPY_FLASHATTN_SM90_DEFINES", "FA_DECODE_FUSED_COMBINE=0")
+    assert dc.decode_facts() == decode
     monkeypatch.delenv("CUPY_FLASHATTN_SM90_DEFINES")
-    assert dc.smem_bytes(128, "e4m3") == staged and cc.traits(256, "sm90").block_n == 80
+    assert cc.traits(256, "sm90") == shipped and shipped.block_n == 80

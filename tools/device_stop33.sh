@@ -12,13 +12,16 @@
 #   MODE=widecheck: where the wide D=128 tile starts to pay (compile.SM90_WIDE_MIN_KEYS):
 #     quickbench non-causal D=128 S 512 .. 8k as shipped, with 176-key tiles everywhere
 #     (FA_SM90_BLOCKN_128=176) and with 128-key tiles everywhere (FA_SM90_BLOCKN_128_WIDE=128).
-#   MODE=fused: FA_DECODE_FUSED_COMBINE=1 (flash_decode.cu, not yet device-verified): the decode
-#     GPU tests with it (incl. test_fused_combine_switch), then bench_decode's B = 1 / 16 rows
-#     with it and without (one process each).
+#   MODE=fused: the fused split combine (flash_decode.cu FA_DECODE_FUSED_COMBINE; device-verified
+#     on an H100 2026-12-06 and on by default since): the decode GPU tests on the A/B baseline
+#     (FA_DECODE_FUSED_COMBINE=0, the combine kernel everywhere; test_fused_combine_switch picks
+#     both builds itself), then bench_decode's B = 1 / 16 rows as shipped and with =0 (one
+#     process each).
 #   MODE=splits: B = 1 decode GPU time against num_splits, beside cuDNN (tools/decode_split_sweep.py).
-#   MODE=fp8direct: the float8 decode kernel with FA_DECODE_FP8_DIRECT=1 (flash_decode.cu, not
-#     yet device-verified): the float8 GPU tests on it, then bench_decode's fp8 rows with it and
-#     the default kernel's fp8 / bf16 rows (one process each, same machine).
+#   MODE=fp8direct: the float8 GPU tests, then bench_decode's fp8 / bf16 rows.  (Historical
+#     name: it compared FA_DECODE_FP8_DIRECT=1 with the float16 staging tile; on an H100
+#     2026-12-06 the 44 float8 GPU tests passed and the direct fragments were faster, so they are
+#     now the only float8 path and the switch is gone.)
 set -u
 OUT=${OUT:-/tmp/fa_stop33}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
@@ -63,16 +66,16 @@ if [ "$mode" = widecheck ]; then
 fi
 if [ "$mode" = fused ]; then
   rows=${ROWS:-1:4096,1:32768,16:16384}
-  stamp "decode tests, FA_DECODE_FUSED_COMBINE=1"
-  CUPY_FLASHATTN_SM90_DEFINES=FA_DECODE_FUSED_COMBINE=1 timeout 240 python3 -m pytest -m gpu -q \
+  stamp "decode tests, FA_DECODE_FUSED_COMBINE=0 (the default build runs in MODE=suite)"
+  CUPY_FLASHATTN_SM90_DEFINES=FA_DECODE_FUSED_COMBINE=0 timeout 240 python3 -m pytest -m gpu -q \
     -p no:cacheprovider -rfE tests/gpu/test_gpu_decode.py tests/gpu/test_gpu_fp8_decode.py \
     tests/gpu/test_gpu_frontend.py > "$OUT/pytest_fused.txt" 2>&1
   tail -n 2 "$OUT/pytest_fused.txt"; grep -m 10 FAILED "$OUT/pytest_fused.txt"
-  for v in "FA_DECODE_FUSED_COMBINE=1" ""; do
-    stamp "bench_decode '${v:-combine kernel}'"
+  for v in "" "FA_DECODE_FUSED_COMBINE=0"; do
+    stamp "bench_decode '${v:-fused combine, as shipped}'"
     CUPY_FLASHATTN_SM90_DEFINES="$v" timeout 120 python3 benchmarks/bench_decode.py --rows "$rows" \
-      --heads 32/8 --pages 16 --out "$OUT/bd_fused${v:+_on}" > "$OUT/bd_fused${v:+_on}.txt" 2>&1
-    grep -E "^\| [0-9]" "$OUT/bd_fused${v:+_on}.txt" | cut -d'|' -f2-8,12-19
+      --heads 32/8 --pages 16 --out "$OUT/bd_fused${v:+_off}" > "$OUT/bd_fused${v:+_off}.txt" 2>&1
+    grep -E "^\| [0-9]" "$OUT/bd_fused${v:+_off}.txt" | cut -d'|' -f2-8,12-19
   done
 fi
 if [ "$mode" = splits ]; then
@@ -81,16 +84,12 @@ if [ "$mode" = splits ]; then
 fi
 if [ "$mode" = fp8direct ]; then
   rows=${ROWS:-64:4096,16:16384,1:4096}
-  stamp "float8 tests, FA_DECODE_FP8_DIRECT=1"
-  CUPY_FLASHATTN_SM90_DEFINES=FA_DECODE_FP8_DIRECT=1 timeout 200 python3 -m pytest -m gpu -q \
+  stamp "float8 tests"
+  timeout 200 python3 -m pytest -m gpu -q \
     -p no:cacheprovider -rfE tests/gpu/test_gpu_fp8_decode.py tests/gpu/test_gpu_fp8_api.py \
     > "$OUT/pytest_fp8_direct.txt" 2>&1
   tail -n 2 "$OUT/pytest_fp8_direct.txt"; grep -m 10 FAILED "$OUT/pytest_fp8_direct.txt"
-  stamp "bench_decode fp8, direct"
-  CUPY_FLASHATTN_SM90_DEFINES=FA_DECODE_FP8_DIRECT=1 timeout 120 python3 benchmarks/bench_decode.py \
-    --rows "$rows" --heads 32/8 --pages 16,256 --kv fp8 --out "$OUT/bd_direct" > "$OUT/bd_direct.txt" 2>&1
-  grep -E "^\| [0-9]" "$OUT/bd_direct.txt" | cut -d'|' -f2-8,16,17,18,19
-  stamp "bench_decode fp8 (staged, the default) and bf16"
+  stamp "bench_decode fp8 and bf16"
   timeout 150 python3 benchmarks/bench_decode.py --rows "$rows" --heads 32/8 --pages 16,256 \
     --kv fp8,bf16 --out "$OUT/bd_default" > "$OUT/bd_default.txt" 2>&1
   grep -E "^\| [0-9]" "$OUT/bd_default.txt" | cut -d'|' -f2-8,16,17,18,19

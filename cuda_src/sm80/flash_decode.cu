@@ -31,20 +31,23 @@
 // time small.
 //
 // FP8 K/V (Kv = KvE4M3 / KvE5M2, attn/fp8.cuh; head dims 64 / 128 / 256, a multiple of 16):
-// the ring holds the float8 rows as read (half the bytes of a 16-bit tile), and each warp
-// converts a landed tile (integer ops, exact) into a float16 staging tile of the same layout as
-// KvSame's ring slot, which the unchanged ldmatrix / mma code then reads.  The tensor cores run
-// in float16 whatever the query type -- float16 holds every float8 value exactly -- so
+// the ring holds the float8 rows as read (half the bytes of a 16-bit tile).  The tensor cores
+// run in float16 whatever the query type -- float16 holds every float8 value exactly -- so
 // bfloat16 queries are rescaled to float16 once per CTA, a power of two per row (below).  The
 // dequantization scales of the kv head (k_scale, v_scale: one float per kv head, vLLM's
 // x = float(x8) * scale, times the conversion's own power of two) multiply S before the logit
 // transform and O at the end.
 //
-// FA_DECODE_FP8_DIRECT=1 (a tuning switch, off by default until a device run verifies it):
-// no staging tile -- ldmatrix reads the float8 ring directly, each 16-bit "element" a pair of
-// float8 bytes, and one cvt per register makes the mma fragments (fp8_direct_* below).  K: a
-// lane's non-transposed ldmatrix register holds bytes 4t .. 4t + 3 of its key's 16-byte block,
-// i.e. head-dim positions 4t + {0, 1} (the B fragment's k = 2t, 2t + 1) and 4t + {2, 3}
+// Direct fragments: ldmatrix reads the float8 ring itself, each 16-bit "element" a pair of
+// float8 bytes, and byte-pair conversions in registers (Kv::to_f16x2, exact) make the mma
+// fragments (fp8_direct_* below).  They replaced a float16 staging tile per warp, into which
+// each landed tile was converted for the 16-bit ldmatrix / mma code: on an H100 (2026-12-06;
+// GQA 32/8, D = 128, kernel time) the direct fragments took 230 us against the staging tile's
+// 257 us at B = 64, context 4096, page 16 (230 vs 242 us at page 256; B = 16, context 16384:
+// 223 vs 230 us), with all 44 float8 GPU tests passing, and the CTA's shared memory loses the
+// staging tile (D = 128: 60 KB instead of 71 KB).
+// K: a lane's non-transposed ldmatrix register holds bytes 4t .. 4t + 3 of its key's 16-byte
+// block, i.e. head-dim positions 4t + {0, 1} (the B fragment's k = 2t, 2t + 1) and 4t + {2, 3}
 // (k = 2t + 8, 2t + 9): the same positions of Q are brought into the A fragment's order once,
 // by a word permutation of Q's rows in shared memory (q_words_for_fp8; S = sum_d q_d k_d does
 // not depend on the order of d).  V: a transposed ldmatrix register holds (key 2t, columns
@@ -52,16 +55,18 @@
 // mma takes the even columns of a 16-column block and the next the odd ones -- the epilogue
 // writes O's columns back in order (fp8_direct_column).  Ring rows are padded by 16 bytes so
 // the 8 row addresses of an ldmatrix hit 8 different bank groups.
-#ifndef FA_DECODE_FP8_DIRECT
-#define FA_DECODE_FP8_DIRECT 0
-#endif
-// FA_DECODE_FUSED_COMBINE=1 (a tuning switch, off by default until a device run verifies it):
-// with split-KV, the last split CTA of each (query tile, kv head, sequence) to finish combines
-// the tile's partials itself (a per-tile counter, see the end of flash_decode), so a split
-// decode step is one launch instead of two (issue 16: B = 1 latency).  The host turns it on per
-// plan (decode.py fused_combine_applies) by passing split_counters; null keeps the combine kernel.
+//
+// FA_DECODE_FUSED_COMBINE (a tuning switch, on by default; =0 builds the kernel without it, the
+// A/B baseline of benchmarks): with split-KV, the last split CTA of each (query tile, kv head,
+// sequence) to finish combines the tile's partials itself (a per-tile counter, see the end of
+// flash_decode), so a split decode step is one launch instead of two (issue 16: B = 1 latency).
+// The host turns it on per plan (decode.py fused_combine_applies) by passing split_counters;
+// null keeps the combine kernel (mixed batches, varlen queries, V-split, adapted operands).  On
+// by default since an H100 run (2026-12-06; GQA 32/8, D = 128, page 16, kernel time): B = 1
+// took 28.8 us against 38.2 us with the combine kernel at context 4096, 79.9 vs 101.4 us at
+// 32768; B = 16 unchanged.
 #ifndef FA_DECODE_FUSED_COMBINE
-#define FA_DECODE_FUSED_COMBINE 0
+#define FA_DECODE_FUSED_COMBINE 1
 #endif
 #include "../attn/block_info.cuh"
 #include "../attn/fp8.cuh"
@@ -100,22 +105,23 @@ struct DecodeParams {
 // (tile, kv head, sequence), each computing S over the whole head dim and O for its
 // kD / kVSplits columns of V (blockIdx.y = hk * kVSplits + chunk).  K is read kVSplits times.
 // kMinBlocksFp8: CTAs per SM of the float8 kernel (DecodeSmem<kD, 1>; 0: none is built).  Its
-// ring holds half the bytes, so D = 128 fits 3 CTAs (71 KB each) where the 16-bit kernel fits
+// ring holds half the bytes, so D = 128 fits 3 CTAs (60 KB each) where the 16-bit kernel fits
 // 2: 12 warps per SM hide the per-tile latency that bounds float8 decode (stop 32, H100: at 2
 // CTAs the float8 kernel read 1.8 TB/s, 0.6 of copy, with conversion no longer the limit).
+// (Chosen with the float8 kernel's former staging tile, 71 KB at D = 128: the smaller direct
+// CTAs would now also fit 5 at D = 64 and 2 at D = 256, not yet measured.)
 template <int kD> struct DecodeTraits;
 struct DecodeTraitsBase { static constexpr int kVSplits = 1; };
-template <> struct DecodeTraits<64> : DecodeTraitsBase { static constexpr int kStages = 4, kMinBlocks = 3, kMinBlocksFp8 = 4; };  // 78 KB/CTA; float8 44 KB
-template <> struct DecodeTraits<128> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 2, kMinBlocksFp8 = 3; };  // 109 KB/CTA; float8 71 KB
-template <> struct DecodeTraits<256> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 1, kMinBlocksFp8 = 1; };  // 211 KB/CTA; float8 140 KB
+template <> struct DecodeTraits<64> : DecodeTraitsBase { static constexpr int kStages = 4, kMinBlocks = 3, kMinBlocksFp8 = 4; };  // 78 KB/CTA; float8 43 KB
+template <> struct DecodeTraits<128> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 2, kMinBlocksFp8 = 3; };  // 109 KB/CTA; float8 60 KB
+template <> struct DecodeTraits<256> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 1, kMinBlocksFp8 = 1; };  // 211 KB/CTA; float8 113 KB
 // 2 stages: 3 would pass the 227 KB limit (384: 234 KB).  512: 212 KB/CTA; 384: 160 KB/CTA.
 template <> struct DecodeTraits<384> { static constexpr int kStages = 2, kMinBlocks = 1, kMinBlocksFp8 = 0, kVSplits = 2; };
 template <> struct DecodeTraits<512> { static constexpr int kStages = 2, kMinBlocks = 1, kMinBlocksFp8 = 0, kVSplits = 2; };
 
-// kKvBytes: bytes per K/V element (2; 1 for float8: each warp's ring then holds float8 rows,
-// unpadded -- the 8 lanes of one phase of a 16-byte-per-lane access cover 128 contiguous
-// bytes, every bank once -- and after it one 16-bit staging tile of the 2-byte layout, which
-// holds the tile's K, then its V).
+// kKvBytes: bytes per K/V element (2; 1 for float8: each warp's ring then holds float8 rows of
+// kD + 16 bytes, which ldmatrix reads directly -- the padding, as the 16-bit rows', puts the 8
+// row addresses of one ldmatrix phase in 8 different bank groups).
 template <int kD, int kKvBytes = 2>
 struct DecodeSmem {
   static constexpr int kDV = kD / DecodeTraits<kD>::kVSplits;  // V / O columns of a CTA
@@ -124,15 +130,11 @@ struct DecodeSmem {
   static constexpr int kTileBytes = kDecodeTileN * kRowBytes;
   static constexpr int kTileBytesV = kDecodeTileN * kRowBytesV;
   static constexpr int kQBytes = kDecodeRows * kRowBytes;
-  static constexpr bool kFp8Direct = kKvBytes == 1 && FA_DECODE_FP8_DIRECT;
-  // float8 K / V rows in the ring (direct: + 16 bytes, conflict-free ldmatrix rows)
-  static constexpr int kRowBytes8 = kD + (kFp8Direct ? 16 : 0);
+  static constexpr int kRowBytes8 = kD + 16;  // float8 K / V rows in the ring (see above)
   static constexpr int kRingTileBytes = kKvBytes == 2 ? kTileBytes : kDecodeTileN * kRowBytes8;
   static constexpr int kRingTileBytesV = kKvBytes == 2 ? kTileBytesV : kDecodeTileN * kRowBytes8;
   static constexpr int kStageBytes = kRingTileBytes + kRingTileBytesV;  // K then V
-  static constexpr int kStagingBytes =
-      kKvBytes == 2 || kFp8Direct ? 0 : (kTileBytes > kTileBytesV ? kTileBytes : kTileBytesV);
-  static constexpr int kWarpBytes = DecodeTraits<kD>::kStages * kStageBytes + kStagingBytes;
+  static constexpr int kWarpBytes = DecodeTraits<kD>::kStages * kStageBytes;
   static constexpr int kMergeRow = kDV + 8;  // floats per row of the cross-warp merge buffer
   static constexpr int kMergeBytes = kDecodeWarps * kDecodeRows * kMergeRow * 4;
   static constexpr int kRingBytes = kDecodeWarps * kWarpBytes;
@@ -185,31 +187,6 @@ __device__ __forceinline__ void q_bf16_to_f16_rows(u32 q_smem, float* row_factor
     st_shared_v4(base + 16 * i, v);
   }
   if (part == 0) row_factor[r] = ldexpf(1.f, e);
-}
-
-// Float8 decode: one landed 16-row K or V tile of float8 rows (ring slot `src`, rows of
-// kRowBytes8) -> the warp's float16 staging tile (the 2-byte ring layout with rows of
-// kRowBytes, which ldmatrix reads), 16 elements per 16-byte chunk; zero-filled rows and columns
-// stay 0.  Ends with __syncwarp: the tile is complete for every lane.
-template <class Kv, int kChunks8, int kRowBytes8, int kRowBytes>
-__device__ __forceinline__ void stage_fp8_tile(u32 src, u32 staging, int lane) {
-#pragma unroll
-  for (int i = 0; i < kChunks8 / 2; ++i) {
-    const int idx = lane + 32 * i, r = idx / kChunks8, c = idx % kChunks8;
-    u32 w[4], lo[4], hi[4];
-    ld_shared_v4(w, src + r * kRowBytes8 + c * 16);
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      lo[2 * q] = Kv::template to_f16x2<0>(w[q]);
-      lo[2 * q + 1] = Kv::template to_f16x2<1>(w[q]);
-      hi[2 * q] = Kv::template to_f16x2<0>(w[2 + q]);
-      hi[2 * q + 1] = Kv::template to_f16x2<1>(w[2 + q]);
-    }
-    const u32 dst = staging + r * kRowBytes + c * 32;
-    st_shared_v4(dst, lo);
-    st_shared_v4(dst + 16, hi);
-  }
-  __syncwarp();
 }
 
 // ---- Combine: out = sum_s exp(lse_s - lse) O_s, lse = log sum_s exp(lse_s) --------------------
@@ -299,7 +276,7 @@ __device__ void combine_states(const CombineParams& c) {
   combine_pair<false>(c, (int)(pair / c.heads), (int)(pair % c.heads), lane);
 }
 
-// FA_DECODE_FP8_DIRECT: Q's rows (16-bit, in shared memory) in the order the float8 K fragments
+// Float8 K/V: Q's rows (16-bit, in shared memory) in the order the float8 K fragments
 // take the head dim: in each 16-element k-step block, word w (elements 2w, 2w + 1) becomes word
 // kQWordOrder[w] -- the A fragment's k = 2t, 2t + 1 then hold positions 4t, 4t + 1 and its
 // k = 2t + 8, 2t + 9 positions 4t + 2, 4t + 3, as a lane's K register does (file comment).
@@ -319,7 +296,7 @@ __device__ __forceinline__ void q_words_for_fp8(u32 q_smem) {
   }
 }
 
-// FA_DECODE_FP8_DIRECT: the output column of accumulator element e (0, 1) of n8 tile n: tiles
+// Float8 K/V: the output column of accumulator element e (0, 1) of n8 tile n: tiles
 // 2b / 2b + 1 hold the even / odd columns of the 16-column block b.
 __device__ __forceinline__ constexpr int fp8_direct_column(int n, int tq, int e) {
   return 16 * (n >> 1) + 4 * tq + 2 * e + (n & 1);
@@ -508,11 +485,11 @@ __device__ void flash_decode(const DecodeParams& dp) {
     s_factor[0] *= row_factor[ra];
     s_factor[1] *= row_factor[ra + 8];
   }
-  if constexpr (Sm::kFp8Direct) {
+  if constexpr (kFp8) {
     q_words_for_fp8<kD, Sm::kRowBytes>(q_smem);
     __syncthreads();
   }
-  // FA_DECODE_FP8_DIRECT: this lane's ldmatrix row address in a ring slot -- matrices 0-3 are
+  // Float8 K/V: this lane's ldmatrix row address in a ring slot -- matrices 0-3 are
   // (keys 0-7, bytes 0-15), (keys 8-15, bytes 0-15), (keys 0-7, 16-31), (keys 8-15, 16-31) of
   // a 32-byte column block.
   const u32 lrow8 = ((lane & 7) + 8 * ((lane >> 3) & 1)) * Sm::kRowBytes8 + (lane >> 4) * 16;
@@ -526,12 +503,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
     next_off = row_offset(tile_of(j + kStages));
     cp_async_wait<kStages - 1>();  // tile j has landed (this lane's copies) ...
     __syncwarp();                  // ... and every lane's copies are visible to the warp
-    u32 ks = ring + (j % kStages) * Sm::kStageBytes, vs = ks + Sm::kRingTileBytes;
-    const u32 staging = ring + kStages * Sm::kStageBytes;  // float8: the float16 tile
-    if constexpr (kFp8 && !Sm::kFp8Direct) {
-      stage_fp8_tile<Kv, kChunks8, Sm::kRowBytes8, Sm::kRowBytes>(ks, staging, lane);
-      ks = staging;
-    }
+    const u32 ks = ring + (j % kStages) * Sm::kStageBytes, vs = ks + Sm::kRingTileBytes;
     const int t = tile_of(j);
 
     // S = Q K^T (16 rows x 16 keys: n-tile 0 keys 0-7, 1 keys 8-15); k-steps past the head dim
@@ -539,7 +511,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
     float s[1][2][4];
     zero_fragments(s);
     const u32 lrow = (lane & 15) * Sm::kRowBytes + (lane >> 4) * 16;
-    if constexpr (Sm::kFp8Direct) {
+    if constexpr (kFp8) {
       // Two k-steps per ldmatrix: kb[0] / kb[1] keys 0-7 / 8-15 of k-step 2 kk2, kb[2] / kb[3]
       // of k-step 2 kk2 + 1; each register's bytes 0-1 / 2-3 are the B fragment's halves.
 #pragma unroll
@@ -585,12 +557,6 @@ __device__ void flash_decode(const DecodeParams& dp) {
     mask_fragment(s, [&](int, int h, int& lo, int& hi) { lo = first[h]; hi = last[h]; }, col0, 0u);
     softmax.update(s, o, c);  // s now holds P
 
-    if constexpr (kFp8 && !Sm::kFp8Direct) {  // V replaces K in the staging tile once every lane has read K
-      __syncwarp();
-      stage_fp8_tile<Kv, kChunks8, Sm::kRowBytes8, Sm::kRowBytes>(vs, staging, lane);
-      vs = staging;
-    }
-
     // O += P V: the S accumulators of keys 0-7 / 8-15 are the A fragment of P (16 x 16).
     u32 pa[4];
     pa[0] = Mma::pack(s[0][0][0], s[0][0][1]);
@@ -598,7 +564,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
     pa[2] = Mma::pack(s[0][1][0], s[0][1][1]);
     pa[3] = Mma::pack(s[0][1][2], s[0][1][3]);
     const u32 lrow_v = (lane & 15) * Sm::kRowBytesV + (lane >> 4) * 16;  // = lrow unless V-split
-    if constexpr (Sm::kFp8Direct) {
+    if constexpr (kFp8) {
       // vb[0] / vb[1]: keys 0-7 / 8-15 of columns 32 dd2 .. + 15; vb[2] / vb[3] of the next 16.
 #pragma unroll
       for (int dd2 = 0; dd2 < kDV / 32; ++dd2) {
@@ -658,7 +624,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
     row_m[h] = mm;
     row_l[h] = ll;
     const float f = part_weight(softmax.row_max[0][h], c, shift_r);  // this warp's weight
-    if constexpr (Sm::kFp8Direct) {  // O's columns back in order (fp8_direct_column)
+    if constexpr (kFp8) {  // O's columns back in order (fp8_direct_column)
       float* dst = merge + ((warp * kDecodeRows) + r) * Sm::kMergeRow;
 #pragma unroll
       for (int n = 0; n < kDV / 8; ++n)

@@ -13,15 +13,15 @@ one tile (``max_seqlen_q * g <= 16``):
 Split-KV (flash-decoding): with fewer CTAs than ~80% of the SM slots, each sequence's keys are
 split over ``num_splits`` CTAs (chosen like flash-attn's ``num_splits_heuristic``: the fewest
 splits whose wave efficiency is within 85% of the best, with at least 256 keys per split); the
-partials (float32 O + LSE) are merged by the combine kernel, which also serves
-:func:`merge_states` (``merge_attention_states`` on CuPy).
+partials (float32 O + LSE) are merged by the last split CTA of each tile in the same launch
+where :func:`fused_combine_applies` (dense decode launches), else by the combine kernel, which
+also serves :func:`merge_states` (``merge_attention_states`` on CuPy).
 
 Instantiations: one decode kernel per (dtype, head-dim bucket 64/128/256/384/512) -- masks,
 softcap, ALiBi and paged addressing are run-time switches (the kernel waits on memory, not on
 ALU) -- plus one combine kernel and one rotary/append kernel (``kv_cache.cu``) with run-time
 dtypes; and per (dtype, bucket 64/128/256, float8 format) one reading float8 K/V
-(:data:`FP8_KV_FORMATS`; compiled and spill-checked in CI, not yet reachable from the API: the
-front end still refuses float8 CuPy arrays until a device run has verified these kernels).
+(:data:`FP8_KV_FORMATS`: float8 caches on the GPU, ``fp8.gpu_rules``).
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ def decode_source(keys=(), combine: bool = True) -> str:
         raise ValueError(f"one module per kernel family; got keys of {sorted(archs)}")
     from .compile import _tuning_defines
 
-    # Tuning switches ($CUPY_FLASHATTN_SM90_DEFINES, e.g. FA_DECODE_FP8_DIRECT=1) as #defines
+    # Tuning switches ($CUPY_FLASHATTN_SM90_DEFINES, e.g. FA_DECODE_FUSED_COMBINE=0) as #defines
     # in the text itself: CuPy compiles and caches this module by its source text.
     defines = "".join(f"#define {d[2:].replace('=', ' ', 1)}\n" for d in _tuning_defines())
     src = defines + build_source(f"{archs.pop()}/flash_decode.cu") + '#line 1 "<generated decode entry points>"\n'
@@ -374,17 +374,32 @@ def decode_grid(problem: AttentionProblem, m_blocks: int, splits: int, v_splits:
     return (splits * m_blocks, problem.num_heads_k * v_splits, int(problem.batch_size))
 
 
+def _fused_combine_built() -> bool:
+    """Whether the decode kernels are built with flash_decode.cu's FA_DECODE_FUSED_COMBINE: on
+    by default (an H100 run, 2026-12-06: a B = 1 split decode step took 28.8 us instead of
+    38.2 us with the combine kernel at context 4096, 79.9 vs 101.4 us at 32768), off only where
+    $CUPY_FLASHATTN_SM90_DEFINES sets it to 0 (the A/B baseline; the last setting wins, as
+    with the #defines decode_source writes)."""
+    from .compile import _tuning_defines
+
+    built = True
+    for define in _tuning_defines():
+        name, _, value = define[2:].partition("=")
+        if name.strip() == "FA_DECODE_FUSED_COMBINE":
+            built = value.strip() != "0"
+    return built
+
+
 def fused_combine_applies(problem: AttentionProblem, splits: int, v_splits: int,
                           len_q_max: int, direct: bool) -> bool:
     """Whether a decode launch merges its split partials in its last split CTAs instead of the
-    combine kernel (flash_decode.cu FA_DECODE_FUSED_COMBINE, a tuning switch that is off by
-    default): split-KV, the kernel writing the caller's arrays directly, no V-split, and every
-    output row covered by a sequence this launch serves -- dense queries (varlen rows that no
-    sequence covers are written as empty by the combine kernel only) and not a mixed batch."""
-    from .compile import _tuning_defines
-
-    return ("-DFA_DECODE_FUSED_COMBINE=1" in _tuning_defines() and splits > 1 and v_splits == 1
-            and direct and problem.cu_seqlens_q is None and len_q_max == INT_MAX)
+    combine kernel (flash_decode.cu FA_DECODE_FUSED_COMBINE, a tuning switch, on unless
+    $CUPY_FLASHATTN_SM90_DEFINES sets it to 0: :func:`_fused_combine_built`): split-KV, the
+    kernel writing the caller's arrays directly, no V-split, and every output row covered by a
+    sequence this launch serves -- dense queries (varlen rows that no sequence covers are
+    written as empty by the combine kernel only) and not a mixed batch."""
+    return (_fused_combine_built() and splits > 1 and v_splits == 1 and direct
+            and problem.cu_seqlens_q is None and len_q_max == INT_MAX)
 
 
 class DecodePlan:

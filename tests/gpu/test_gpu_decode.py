@@ -377,11 +377,13 @@ def test_merge_gpu_matches_numpy(dt, dense):
 @pytest.mark.parametrize("sinks", [False, True])
 @pytest.mark.parametrize("dt", [F16, BF16], ids=str)
 def test_fused_combine_switch(monkeypatch, dt, sinks):
-    """FA_DECODE_FUSED_COMBINE=1 (flash_decode.cu; off by default): split-KV decode whose last
-    split CTA per tile merges the partials -- no combine launch -- within the bound, equal to
-    the combine kernel's result up to summation order, and again on the next launches (the
+    """FA_DECODE_FUSED_COMBINE (flash_decode.cu; on by default, device-verified on an H100
+    2026-12-06): split-KV decode whose last split CTA per tile merges the partials -- no combine
+    launch -- within the bound, equal to the combine kernel's result (the A/B baseline,
+    FA_DECODE_FUSED_COMBINE=0) up to summation order, and again on the next launches (the
     combining CTA resets its counter).  Sequences with keys in only some splits and one with no
-    key at all (its row: 0, LSE +inf)."""
+    key at all (its row: 0, LSE +inf).  Both builds are chosen here, whatever switches the
+    process runs with."""
     from cupy_flashattn._cuda.decode import DecodePlan
 
     rng = np.random.default_rng(7 + sinks)
@@ -389,11 +391,12 @@ def test_fused_combine_switch(monkeypatch, dt, sinks):
                            lens_k=[3000, 40, 0, 1025], num_splits=6)
     if sinks:
         problem.sinks = cupy.asarray(rng.uniform(-1.0, 2.0, 8).astype(np.float32))
+    monkeypatch.setenv("CUPY_FLASHATTN_SM90_DEFINES", "FA_DECODE_FUSED_COMBINE=0")
     baseline = DecodePlan(problem)
     assert baseline.combine_launch is not None and not baseline.fused
     baseline.run(problem)
     out0, lse0 = problem.out.copy(), problem.softmax_lse.copy()
-    monkeypatch.setenv("CUPY_FLASHATTN_SM90_DEFINES", "FA_DECODE_FUSED_COMBINE=1")
+    monkeypatch.delenv("CUPY_FLASHATTN_SM90_DEFINES")  # the default build: fused
     plan = DecodePlan(problem)
     assert plan.fused and plan.combine_launch is None and plan.splits == 6
     for _ in range(3):  # the counters must be back at 0 after every launch
