@@ -6,7 +6,9 @@
 Rows: float32 and float64, D in {64, 128}, S in {1k, 4k, 16k} with 16k tokens per batch
 (B = 16k / S, H = 16), causal and not.  float32 peers: torch SDPA's memory-efficient backend
 (its only fused float32 path; CUTLASS 3xTF32 on sm_80+) and, for S <= 4k, the math backend
-(unfused, O(S^2) memory); ours at "highest" (3xTF32, the default) and "high" (TF32).  float64:
+(unfused, O(S^2) memory); ours at "highest" (the default: on a 9.0 GPU the sm90 kernel over
+float16 hi / lo planes, elsewhere 3xTF32 on sm80 -- on a 9.0 GPU also forced to sm80 as
+"ours-sm80-3xtf32") and "high" (TF32 on sm80, "ours-tf32").  float64:
 torch's math backend (S <= 4k; the only float64 path) against ours (DMMA).
 Per row: one call start to end (CUDA events around the public call, host work included;
 `ms`, `tflops`), back to back (`us_b2b`: wall time per call of many calls, one sync), ours
@@ -55,9 +57,11 @@ def rel_err(out, ref) -> float:
     return float(np.abs(o - ref).max() / np.abs(ref).max())
 
 
-def ours(q, k, v, causal, mode):
-    """(public call, kernel-only callable) of ours at float32 precision `mode`."""
+def ours(q, k, v, causal, mode, arch=None):
+    """(public call, kernel-only callable) of ours at float32 precision `mode`; `arch` forces
+    the prefill family ("sm80": the 3xTF32 kernel where the default is sm90's planes)."""
     from cupy_flashattn import _cuda
+    from cupy_flashattn._cuda.launch import force_prefill_arch
     from cupy_flashattn.problem import AttentionProblem
 
     import cupy
@@ -66,9 +70,11 @@ def ours(q, k, v, causal, mode):
 
     def call():
         fa.set_float32_precision(mode)
+        force_prefill_arch(arch)
         return fa.flash_attn_func(q, k, v, causal=causal)
 
     fa.set_float32_precision(mode)
+    force_prefill_arch(arch)
     rows = (B * S, H, D)
     lse_dtype = np.float64 if q.dtype == np.float64 else np.float32
     prob = AttentionProblem(q=q.reshape(rows), k=k.reshape(rows), v=v.reshape(rows),
@@ -76,6 +82,7 @@ def ours(q, k, v, causal, mode):
                             batch_size=B, seqlen_q=S, seqlen_k=S, max_seqlen_q=S, max_seqlen_k=S,
                             softmax_scale=D ** -0.5, window_right=0 if causal else -1)
     plan = _cuda.plan_attention(prob)
+    force_prefill_arch(None)
 
     def kernel():
         return _cuda.run_attention(prob, plan)
@@ -113,11 +120,20 @@ def run_row(torch, dt, D, S, causal):
     flops = 4.0 * B * HEADS * S * S * D * (0.5 if causal else 1.0)
     ref = reference(q, k, v, causal)
     calls, kernels, errs = {}, {}, {}
-    modes = ("highest", "high") if dt == "f32" else ("highest",)
-    for mode in modes:
-        name = {"highest": "ours", "high": "ours-tf32"}[mode]
-        calls[name], kernels[name] = ours(q, k, v, causal, mode)
+    # "high" forced to sm80: TF32 on mma.sync (a 9.0 GPU would run it on the planes kernel).
+    variants = ((("highest", None), ("highest", "sm80"), ("high", "sm80")) if dt == "f32"
+                else (("highest", None),))
+    on_hopper = int(cupy.cuda.Device().compute_capability) == 90
+    for mode, arch in variants:
+        if (mode, arch) == ("highest", "sm80") and not on_hopper:
+            continue  # the default there
+        name = {("highest", None): "ours", ("highest", "sm80"): "ours-sm80-3xtf32",
+                ("high", "sm80"): "ours-tf32"}[(mode, arch)]
+        calls[name], kernels[name] = ours(q, k, v, causal, mode, arch)
         errs[name] = rel_err(calls[name](), ref)
+    from cupy_flashattn._cuda.launch import force_prefill_arch
+
+    force_prefill_arch(None)
     fa.set_float32_precision("highest")
     peers = ("efficient", "math") if dt == "f32" else ("math",)
     if torch is not None:

@@ -22,7 +22,7 @@ from cupy_flashattn._cuda import compile as cc  # noqa: E402
 
 ARCHS = (80, 90)
 KEYS = cc.shipped_keys()
-SM90_KEYS = cc.shipped_keys("sm90")
+SM90_KEYS = cc.shipped_keys("sm90") + cc.shipped_sm90_f32_keys()
 PRECISE_KEYS = cc.shipped_precise_keys()
 
 
@@ -121,6 +121,31 @@ def test_sm90_paged_tma_switch_compiles_without_spills(head_dim):
     keys = [k for k in SM90_KEYS if k.paged and k.dtype == "bf16" and k.head_dim == head_dim]
     cubin, log = cc.compile_for_arch(cc.kernel_source(keys), "90a",
                                      extra_options=["-DFA_SM90_PAGED_TMA=0"])
+    infos = cc.parse_ptxas_log(log)
+    assert {k.name for k in keys} <= set(infos)
+    assert all(v["spill_stores"] == 0 and v["spill_loads"] == 0 for v in infos.values()), infos
+    assert "Potential Performance Loss" not in log and "C7508" not in log
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_float32_plane_pre_pass_compiles_without_spills(arch):
+    """cuda_src/f32_split.cu (the Hopper float32 kernel's pre-pass; plain CUDA, built for the
+    device like the sm80 family)."""
+    from cupy_flashattn._cuda.f32_planes import AMAX_NAME, SPLIT_NAME, split_source
+
+    cubin, log = cc.compile_for_arch(split_source(), arch)
+    infos = cc.parse_ptxas_log(log)
+    assert set(infos) == {AMAX_NAME, SPLIT_NAME}, infos
+    assert all(v["spill_stores"] == 0 and v["spill_loads"] == 0 and v["stack"] == 0
+               for v in infos.values()), infos
+
+
+def test_float32_s_chains_switch_compiles_without_spills():
+    """The A/B switch of the Hopper float32 kernel (FA_SM90_F32_S_CHAINS=2: a second S
+    accumulator) stays spill-free and keeps wgmma unserialized."""
+    keys = cc.shipped_sm90_f32_keys()
+    cubin, log = cc.compile_for_arch(cc.kernel_source(keys), "90a",
+                                     extra_options=["-DFA_SM90_F32_S_CHAINS=2"])
     infos = cc.parse_ptxas_log(log)
     assert {k.name for k in keys} <= set(infos)
     assert all(v["spill_stores"] == 0 and v["spill_loads"] == 0 for v in infos.values()), infos

@@ -116,23 +116,40 @@ def test_kernel_keys_name_their_family_and_build_from_its_directory():
     assert 'cuda_src/sm80/flash_fwd.cu"' in cc.kernel_source([key])
 
 
-def test_float32_and_float64_run_the_precise_kernel_on_every_device():
-    """float32 (default "highest" precision) and float64 go to the mma.sync float32 / float64
-    kernel on 8.x and 9.0 alike, for every query length (no decode kernel); "high" picks its
-    TF32 instantiation, "medium" the bf16 kernels of the device's family."""
+def test_float32_and_float64_run_the_precise_kernels():
+    """float64 goes to the mma.sync float64 kernel on 8.x and 9.0 alike, for every query length
+    (no decode kernel); float32 (default "highest") to the mma.sync float32 kernel on 8.x and on
+    a 9.0 device to the sm90 float32 kernel (float16 planes) for dense / varlen K/V of D <= 128
+    -- paged K/V, a KV cache's lengths and larger head dims stay on sm80; "high" picks the TF32
+    instantiation on sm80 (and the planes where they serve), "medium" the bf16 kernels of the
+    device's family."""
     for dtype, tag in ((np.float32, "f32"), (np.float64, "f64")):
         for cc_ in (80, 90):
             for max_q in (1, 1000):
                 p = _problem(B=2, max_q=max_q, max_k=700, H=8, Hk=2, D=64, dtype=dtype)
                 assert route(p) == ("prefill", None)
                 (launch_,) = describe_launches(p, sm_count=H100_SMS, device_cc=cc_)
+                if tag == "f32" and cc_ == 90:
+                    tr = cc.traits(64, "sm90", "f32")
+                    assert launch_["kernel"] == "fa_fwd_sm90_f32_d64" and launch_["arch"] == "sm90"
+                    assert launch_["block"] == (384,) and launch_["smem"] == tr.smem_bytes
+                    continue
                 tr = cc.traits(64, "sm80", tag)
                 assert launch_["kernel"] == f"fa_fwd_{tag}_d64" and launch_["arch"] == "sm80"
                 assert launch_["grid"] == (-(-max_q // tr.block_m), 8, 2) and launch_["smem"] == tr.smem_bytes
-    p = _problem(B=2, max_q=1000, max_k=700, H=8, Hk=2, D=64, dtype=np.float32)
+    f32 = dict(B=2, max_q=1000, max_k=700, H=8, Hk=2, dtype=np.float32)
+    for kw, kernel in ((dict(D=128, varlen=True), "fa_fwd_sm90_f32_d128"),
+                       (dict(D=80, softcap=30.0), "fa_fwd_sm90_f32_d128_transform"),
+                       (dict(D=128, paged=True), "fa_fwd_f32_d128_paged"),
+                       (dict(D=192), "fa_fwd_f32_d192")):
+        assert describe_launches(_problem(**f32, **kw), device_cc=90)[0]["kernel"] == kernel, kw
+    cache = dataclasses.replace(_problem(**f32, D=64), seqused_k=np.zeros(2, np.int32))
+    assert describe_launches(cache, device_cc=90)[0]["kernel"] == "fa_fwd_f32_d64"
+    p = _problem(**f32, D=64)
     try:
-        cupy_flashattn.set_float32_precision("high")
-        assert describe_launches(p, device_cc=90)[0]["kernel"] == "fa_fwd_tf32_d64"
+        cupy_flashattn.set_float32_precision("high")  # TF32 on sm80; sm90 runs the planes, faster
+        assert describe_launches(p, device_cc=80)[0]["kernel"] == "fa_fwd_tf32_d64"
+        assert describe_launches(p, device_cc=90)[0]["kernel"] == "fa_fwd_sm90_f32_d64"
         cupy_flashattn.set_float32_precision("medium")
         assert describe_launches(p, device_cc=90)[0]["kernel"] == "fa_fwd_sm90_bf16_d64"
     finally:
@@ -190,6 +207,7 @@ def test_info_line_names_the_prefill_family_and_how_it_was_chosen(monkeypatch):
     monkeypatch.delenv(PREFILL_ARCH_ENV, raising=False)
     assert describe_prefill_path(90).startswith("sm90 (wgmma") and "auto for compute capability 9.0" in describe_prefill_path(90)
     assert "float32: 'highest' (3xTF32, float32 accuracy" in describe_prefill_path(80)
+    assert "float32: 'highest' (float32 accuracy: float16 hi / lo planes on sm90" in describe_prefill_path(90)
     assert describe_prefill_path(80).startswith("sm80 (mma.sync")
     monkeypatch.setenv(PREFILL_ARCH_ENV, "sm80")
     assert describe_prefill_path(90).startswith("sm80") and f"{PREFILL_ARCH_ENV}=sm80" in describe_prefill_path(90)

@@ -48,9 +48,16 @@ def test_unknown_mode_is_a_typed_error_with_the_choices(bad):
     assert fa.get_float32_precision() == "highest"
 
 
-def test_precise_keys_are_sm80_only_and_float64_stops_at_128():
-    with pytest.raises(ValueError, match="sm80"):
-        cc.KernelKey("f32", 128, arch="sm90")
+def test_precise_keys_are_sm80_except_hopper_float32_and_float64_stops_at_128():
+    """float32 also has the sm90 planes kernel (dense / varlen, D <= 128); TF32, float64 and a
+    paged float32 key are sm80 only."""
+    assert cc.KernelKey("f32", 128, arch="sm90").name == "fa_fwd_sm90_f32_d128"
+    for bad in (dict(dtype="tf32", head_dim=128), dict(dtype="f64", head_dim=64),
+                dict(dtype="f32", head_dim=128, paged=True)):
+        with pytest.raises(ValueError, match="sm80"):
+            cc.KernelKey(**bad, arch="sm90")
+    with pytest.raises(ValueError, match="head_dim"):
+        cc.KernelKey("f32", 256, arch="sm90")
     with pytest.raises(ValueError, match="head_dim"):
         cc.KernelKey("f64", 256)
     assert cc.KernelKey("f64", 128).name == "fa_fwd_f64_d128"

@@ -342,11 +342,15 @@ def cases():
         ("merge_attention_states varlen bfloat16", lambda r: merge(r, BF16, dense=False)),
         ("merge_attention_states dense float16", lambda r: merge(r, F16, dense=True)),
         ("absent page ids (check=False) bfloat16-d128", lambda r: absent_pages(r)),
-        # The float32 / float64 kernel (sm80/flash_fwd_precise.cu): its own tiles and swizzles.
-        ("prefill dense float32-d128 causal (3xTF32)", lambda r: prefill_dense(r, F32, 128, "causal")),
+        # The float32 / float64 kernels (sm80/flash_fwd_precise.cu: its own tiles and swizzles;
+        # float32 on a 9.0 GPU: the sm90 kernel over float16 planes and their pre-pass).
+        ("prefill dense float32-d128 causal (sm90: float16 planes; sm80: 3xTF32)", lambda r: prefill_dense(r, F32, 128, "causal")),
         ("prefill dense long float32-d64 softcap_alibi",
          lambda r: prefill_dense(r, F32, 64, "softcap_alibi", long=True)),
         ("prefill paged P=16 float32-d128 causal", lambda r: prefill_varlen(r, F32, 128, "causal", 16)),
+        # On a 9.0 GPU: the sm90 float32 kernel's varlen path (sequence-end tiles gathered by
+        # cp.async from both planes).
+        ("prefill varlen float32-d80 local", lambda r: prefill_varlen(r, F32, 80, "local")),
         ("prefill varlen float64-d64 local", lambda r: prefill_varlen(r, F64, 64, "local")),
         ("prefill paged P=48 float64-d128 softcap_alibi",
          lambda r: prefill_varlen(r, F64, 128, "softcap_alibi", 48)),

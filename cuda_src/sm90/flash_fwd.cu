@@ -181,6 +181,7 @@ template <class Tr, bool Is_paged>
 __device__ __forceinline__ void producer_copy(u32 s, const u16* head, const FwdParams& p, const SeqInfo& si,
                                               const int* ids, int n_block, int t) {
   const int row_t = t >> 3, chunk_t = t & 7;
+  static_assert(Tr::kPlanes == 1 || !Is_paged, "float32 planes: dense / varlen K/V only");
   // Paged: one row at a time (its page id, then its copies); unrolled, ptxas hoists every
   // row's address and the producer's 56 registers spill.  Odd row counts too (D = 256's
   // 80-key tile: 5 rows spilled 4 bytes unrolled).
@@ -190,12 +191,15 @@ __device__ __forceinline__ void producer_copy(u32 s, const u16* head, const FwdP
     i64 off;
     const bool ok = ProducerRows<Tr, Is_paged>::offset(p, si, ids, n_block, t, i, off);
     const u16* src = head + (ok ? off : 0) + chunk_t * 8;
+    // Float32 planes: a head's hi and lo rows are adjacent, head_dim elements apart.
 #pragma unroll
-    for (int j = 0; j < Tr::kDBlocks; ++j) {
-      const int chunk = 8 * j + chunk_t;
-      cp_async_16(s + wgmma::tile_offset<Tr::kBlockN>(row, chunk), src + 64 * j,
-                  ok && chunk * 8 < p.head_dim);
-    }
+    for (int pl = 0; pl < Tr::kPlanes; ++pl)
+#pragma unroll
+      for (int j = 0; j < Tr::kDBlocks; ++j) {
+        const int chunk = 8 * j + chunk_t;
+        cp_async_16(s + pl * Tr::kSmemKVPlane + wgmma::tile_offset<Tr::kBlockN>(row, chunk),
+                    src + pl * p.head_dim + 64 * j, ok && chunk * 8 < p.head_dim);
+      }
   }
 }
 
@@ -210,6 +214,7 @@ __device__ __forceinline__ void producer_signal(u32 full_bar) {
 
 // The TMA maps of a launch (host: _cuda/tma.py; paged K / V maps only with FA_SM90_PAGED_TMA).
 struct TmaMaps {
+  // Float32 planes (Tr::kPlanes = 2): the head coordinate counts planes, 2 h + plane.
   const pipe::TmaDesc* q;  // (head_dim, H, total_q) box (64, 1, kBlockM)
   // Dense: (head_dim, Hk, Sk, k_rows / Sk) where dense_kv_bounded, else (head_dim, Hk, k_rows,
   // 1); box (64, 1, kBlockN, 1).  Paged: (head_dim, Hk, P, num_pages), box (64, 1, min(P, kBlockN), 1).
@@ -236,9 +241,12 @@ __device__ __forceinline__ void producer_q_tma(const Sm90Tile& w, const Sm90Smem
   if (t == 0) {
     pipe::bar_arrive_expect_tx(sm.q_full(), Tr::kSmemQ);
 #pragma unroll
-    for (int j = 0; j < Tr::kDBlocks; ++j)
-      pipe::tma_load_3d(sm.q + j * Tr::kBlockM * wgmma::kSwizzleRowBytes, maps.q, 64 * j, w.bidh,
-                        w.si.q_start + w.m0, sm.q_full());
+    for (int pl = 0; pl < Tr::kPlanes; ++pl)
+#pragma unroll
+      for (int j = 0; j < Tr::kDBlocks; ++j)
+        pipe::tma_load_3d(sm.q + pl * Tr::kSmemQPlane + j * Tr::kBlockM * wgmma::kSwizzleRowBytes,
+                          maps.q, 64 * j, Tr::kPlanes * w.bidh + pl, w.si.q_start + w.m0,
+                          sm.q_full());
   } else {
     pipe::bar_arrive(sm.q_full());
   }
@@ -295,9 +303,11 @@ __device__ __forceinline__ void tma_tile(u32 dst, const pipe::TmaDesc* map, int 
   if (t == 0) {
     pipe::bar_arrive_expect_tx(bar, Tr::kSmemKV);
 #pragma unroll
-    for (int j = 0; j < Tr::kDBlocks; ++j)
-      pipe::tma_load_4d(dst + j * Tr::kBlockN * wgmma::kSwizzleRowBytes, map, 64 * j, head, row,
-                        slot, bar);
+    for (int pl = 0; pl < Tr::kPlanes; ++pl)
+#pragma unroll
+      for (int j = 0; j < Tr::kDBlocks; ++j)
+        pipe::tma_load_4d(dst + pl * Tr::kSmemKVPlane + j * Tr::kBlockN * wgmma::kSwizzleRowBytes,
+                          map, 64 * j, Tr::kPlanes * head + pl, row, slot, bar);
   } else {
     pipe::bar_arrive(bar);
   }
@@ -323,6 +333,7 @@ __device__ __forceinline__ bool paged_tma_ok(const FwdParams& p) {
 template <class Tr>
 __device__ __forceinline__ void tma_paged_tile(u32 dst, const pipe::TmaDesc* map, int id,
                                                int head, int pos0, int page_size, u32 bar, int t) {
+  static_assert(Tr::kPlanes == 1, "float32 planes: dense / varlen K/V only");
   const int rows = imin(page_size, Tr::kBlockN);  // per box
   if (t < Tr::kBlockN && t % rows == 0) {
     const int pos = pos0 + t;
@@ -419,38 +430,91 @@ __device__ __forceinline__ void producer_tma(const FwdParams& p, const Sm90Tile&
 }
 
 // ---- Consumer -------------------------------------------------------------------------------
+// Float32 as two float16 planes (Tr::kPlanes = 2; issue 14): float32 inputs at float32
+// accuracy on the float16 tensor cores.  A pre-pass (cuda_src/f32_split.cu) scales each Q row,
+// and K and V per kv head, by a power of two so that the largest magnitude is below 2^14, and
+// stores every value as x = hi + lo, hi = fp16(x), lo = fp16(x - hi): 22 significant bits (the
+// split of 3xTF32, whose pieces have 11 bits too), and a wgmma f16 product runs at twice the
+// rate of a TF32 one.  Each matrix product is three wgmma products, the small terms first:
+//   S' = Q_lo K_hi^T + Q_hi K_lo^T + Q_hi K_hi^T   (lo lo, ~2^-22 of the product, dropped),
+// then S = S' rq[row] rk[head] (exact: powers of two) and the float32 softmax (Fp32Math).  P is
+// split the same way after a scale of 2^12 (P <= 1, so no float16 overflow and small p keep
+// their bits), and each key tile's P V = P_lo V_hi + P_hi V_lo + P_hi V_hi goes into FRESH
+// accumulators that are added to O in IEEE float32: the tensor cores' accumulation truncates,
+// and O accumulated over all keys in one register set loses ~1e-5 (measured on the sm80 3xTF32
+// kernel, NOTES.md precise v1).  The epilogue multiplies O by rv / 2^12 and stores float32.
+struct F32Scales {
+  const float* q_rscale;   // (total_q, H): 1 / the scale of each Q row's planes
+  const float* kv_rscale;  // (2, Hk): 1 / the scale of K's, then V's planes, per kv head
+};
+constexpr float kF32PScale = 4096.f;  // 2^12: P's scale before its split
+// FA_SM90_F32_S_CHAINS=2 (an A/B switch, off): S's hi hi product summed over the two halves
+// of D in two accumulators and one IEEE add, so each chain of truncating tensor-core
+// accumulations is half as long.  Measured (H100, tools/f32_error_probe.py, error / the float32
+// naive error on six scaled cases): worst 7.8 -> 6.7, three cases better, one slightly worse;
+// its speed is not measured yet.  (exp2f instead of ex2.approx changed no error: CUDA's exp2f
+// is ex2.approx.)
+#ifndef FA_SM90_F32_S_CHAINS
+#define FA_SM90_F32_S_CHAINS 1
+#endif
+
+__device__ __forceinline__ void st_global_f32x2(float* ptr, float a, float b) {
+  asm volatile("st.global.v2.f32 [%0], {%1,%2};" ::"l"(ptr), "f"(a), "f"(b) : "memory");
+}
+
+// The float32 kernel's P fragments for keys 16 kk .. 16 kk + 15: hi = fp16(P 2^12) packed as
+// Elem::pack does, lo = fp16(P 2^12 - hi) (the difference is exact in float32).
+template <class Elem>
+__device__ __forceinline__ void split_pair(float a, float b, u32& hi, u32& lo) {
+  a *= kF32PScale;
+  b *= kF32PScale;
+  static_assert(Elem::kIsF16, "the planes are float16");
+  hi = Elem::pack(a, b);  // a in the low half
+  float ha, hb;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(ha) : "h"((u16)(hi & 0xffffu)));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(hb) : "h"((u16)(hi >> 16)));
+  lo = Elem::pack(a - ha, b - hb);
+}
+
 // O += P V for keys 16 kk .. 16 kk + 15 and the 64 columns of block kDb of O (n8 tiles
 // 8 kDb .. 8 kDb + 7): one wgmma with P from registers; nothing for blocks past D.
+// scale_d = 0 overwrites (the float32 kernel's first product of a tile).
 template <class Tr, class Elem, int kDb>
 __device__ __forceinline__ void pv_block(float (&acc_o)[1][Tr::kDTiles][4], const u32 (&pa)[4],
-                                         u32 v_tile, int kk) {
+                                         u32 v_tile, int kk, int scale_d = 1) {
   if constexpr (kDb < Tr::kDBlocks) {
     wgmma::rs_m64n64k16<8 * kDb>(acc_o[0], pa, wgmma::desc_mn_major<Tr::kBlockN>(v_tile, kk, kDb),
-                                 1, Elem{});
+                                 scale_d, Elem{});
   }
 }
 
 // Issue S = Q K^T for this warpgroup's 64 rows: D / 16 k steps, one wgmma each (not waited).
-template <class Tr, class Elem>
-__device__ __forceinline__ void issue_qk(float (&sacc)[1][Tr::kNTiles][4], u32 q_tile, u32 k_tile) {
+// `accumulate`: add to sacc (the float32 kernel's second and third products), else overwrite.
+// [kFirst, kLast): the k steps (default all).
+template <class Tr, class Elem, int kFirst = 0, int kLast = Tr::kHeadDim / 16>
+__device__ __forceinline__ void issue_qk(float (&sacc)[1][Tr::kNTiles][4], u32 q_tile, u32 k_tile,
+                                         bool accumulate = false) {
 #pragma unroll
-  for (int kk = 0; kk < Tr::kHeadDim / 16; ++kk) {
+  for (int kk = kFirst; kk < kLast; ++kk) {
     const u64 da = wgmma::desc_k_major<Tr::kBlockM>(q_tile, kk);
     const u64 db = wgmma::desc_k_major<Tr::kBlockN>(k_tile, kk);
-    wgmma::ss_qk<Tr::kBlockN>(sacc[0], da, db, kk > 0, Elem{});
+    wgmma::ss_qk<Tr::kBlockN>(sacc[0], da, db, accumulate || kk > kFirst, Elem{});
   }
 }
 
-// Issue O += P V over the tile's kBlockN / 16 key steps (not waited).
+// Issue O += P V over the tile's kBlockN / 16 key steps (not waited); `accumulate` false:
+// the first step overwrites.
 template <class Tr, class Elem>
 __device__ __forceinline__ void issue_pv(float (&acc_o)[1][Tr::kDTiles][4],
-                                         const u32 (&pa)[Tr::kNTiles / 2][4], u32 v_tile) {
+                                         const u32 (&pa)[Tr::kNTiles / 2][4], u32 v_tile,
+                                         bool accumulate = true) {
 #pragma unroll
   for (int kk = 0; kk < Tr::kNTiles / 2; ++kk) {
-    pv_block<Tr, Elem, 0>(acc_o, pa[kk], v_tile, kk);
-    pv_block<Tr, Elem, 1>(acc_o, pa[kk], v_tile, kk);
-    pv_block<Tr, Elem, 2>(acc_o, pa[kk], v_tile, kk);
-    pv_block<Tr, Elem, 3>(acc_o, pa[kk], v_tile, kk);
+    const int scale_d = accumulate || kk > 0;
+    pv_block<Tr, Elem, 0>(acc_o, pa[kk], v_tile, kk, scale_d);
+    pv_block<Tr, Elem, 1>(acc_o, pa[kk], v_tile, kk, scale_d);
+    pv_block<Tr, Elem, 2>(acc_o, pa[kk], v_tile, kk, scale_d);
+    pv_block<Tr, Elem, 3>(acc_o, pa[kk], v_tile, kk, scale_d);
   }
 }
 
@@ -465,10 +529,13 @@ __device__ __forceinline__ void issue_pv(float (&acc_o)[1][Tr::kDTiles][4],
 // kSeparateO, the O staged in its buffer) is no longer read.  `it` counts the ring's tiles
 // over the schedule, as the producer's does.
 template <class Tr, class Elem, bool Has_transform, bool Is_paged>
-__device__ __forceinline__ void consumer(const FwdParams& p, const Sm90Tile& w,
+__device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc, const Sm90Tile& w,
                                          const Sm90Smem<Tr>& sm, int& it, int tq, int cw,
                                          int ctid) {
   constexpr int kNTiles = Tr::kNTiles, kDTiles = Tr::kDTiles, kBlockN = Tr::kBlockN;
+  constexpr bool kF32 = Tr::kPlanes == 2;  // float32 as float16 planes (see F32Scales)
+  using Math = conditional_t<kF32, Fp32Math, FastMath>;
+  constexpr bool kSChains2 = kF32 && FA_SM90_F32_S_CHAINS == 2;
   const SeqInfo& si = w.si;
   const int bidb = w.bidb, bidh = w.bidh, m0 = w.m0, rows_valid = w.rows_valid;
   const int n_min = w.n_min, n_max = w.n_max;
@@ -482,13 +549,22 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const Sm90Tile& w,
   const int col_in_tile0 = (lane & 3) * 2;
   const int shift = si.len_k - si.len_q;
 
-  const LogitTransform<Has_transform> xform(p, shift);
+  const LogitTransform<Has_transform, Math> xform(p, shift);
   const float slope = xform.slope(p, bidb, bidh);
   const float c = xform.log2_scale;
+  // Float32: S' of accumulator rows g, g + 8 to logits (1 for rows past the sequence).
+  float s_unscale[2] = {1.f, 1.f};
+  if constexpr (kF32) {
+    const float rk = sc.kv_rscale[bidh / p.h_per_kv];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (row0 + 8 * h < si.len_q)
+        s_unscale[h] = sc.q_rscale[(i64)(si.q_start + row0 + 8 * h) * p.num_heads + bidh] * rk;
+  }
 
   float acc_o[1][kDTiles][4];
   zero_fragments(acc_o);
-  OnlineSoftmax<1> softmax;
+  OnlineSoftmax<1, Math> softmax;
   softmax.init();
   pipe::bar_wait(sm.q_full(), tq & 1);
 
@@ -528,10 +604,20 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const Sm90Tile& w,
 
     float sacc[1][kNTiles][4];
     u32 pa[kNTiles / 2][4];
+    // Float32: P's lo plane and the tile's fresh P V accumulators (unused, size 1, otherwise).
+    u32 pa_lo[kF32 ? kNTiles / 2 : 1][4];
+    float acc_t[1][kF32 ? kDTiles : 1][4];
+    float sacc2[1][kSChains2 ? kNTiles : 1][4];  // FA_SM90_F32_S_CHAINS = 2: hi hi's second half
     // S of tile n_block has landed in sacc: transform, mask, release K, S -> P (row stats).
     auto softmax_tile = [&](int n_block, float (&alpha)[1][2]) {
       const int s = stage_of(n_block);
       const int tile_col0 = n_block * kBlockN;
+      if constexpr (kF32) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sacc[0][nt][e] *= s_unscale[e >> 1];
+      }
       xform.apply(sacc, [&](int, int h) { return row0 + h * 8; }, [&](int, int) { return slope; },
                   tile_col0 + col_in_tile0);
       const int* absent_ids = nullptr;
@@ -551,6 +637,15 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const Sm90Tile& w,
     };
     // The A fragments of P for keys 16 kk .. 16 kk + 15: S tiles 2 kk and 2 kk + 1, packed.
     auto pack_p = [&]() {
+      if constexpr (kF32) {
+#pragma unroll
+        for (int kk = 0; kk < kNTiles / 2; ++kk)
+#pragma unroll
+          for (int i = 0; i < 4; ++i)  // pa[kk][i]: S tile 2 kk + i / 2, elements 2 (i % 2), + 1
+            split_pair<Elem>(sacc[0][2 * kk + (i >> 1)][2 * (i & 1)],
+                             sacc[0][2 * kk + (i >> 1)][2 * (i & 1) + 1], pa[kk][i], pa_lo[kk][i]);
+        return;
+      }
 #pragma unroll
       for (int kk = 0; kk < kNTiles / 2; ++kk) {
         pa[kk][0] = Elem::pack(sacc[0][2 * kk][0], sacc[0][2 * kk][1]);
@@ -570,19 +665,49 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const Sm90Tile& w,
     auto issue_s = [&](int n_block) {
       pipe::bar_wait(sm.k_full(stage_of(n_block)), phase_of(n_block));
       wgmma::fence();
-      issue_qk<Tr, Elem>(sacc, q_tile, sm.k(stage_of(n_block)));
+      const u32 k_tile = sm.k(stage_of(n_block));
+      if constexpr (kSChains2) {
+        constexpr int kHalf = Tr::kHeadDim / 32;
+        issue_qk<Tr, Elem>(sacc, q_tile + Tr::kSmemQPlane, k_tile);
+        issue_qk<Tr, Elem>(sacc, q_tile, k_tile + Tr::kSmemKVPlane, true);
+        issue_qk<Tr, Elem, 0, kHalf>(sacc, q_tile, k_tile, true);
+        issue_qk<Tr, Elem, kHalf>(reinterpret_cast<float(&)[1][Tr::kNTiles][4]>(sacc2), q_tile, k_tile);
+      } else if constexpr (kF32) {  // the small terms first, then hi hi
+        issue_qk<Tr, Elem>(sacc, q_tile + Tr::kSmemQPlane, k_tile);
+        issue_qk<Tr, Elem>(sacc, q_tile, k_tile + Tr::kSmemKVPlane, true);
+        issue_qk<Tr, Elem>(sacc, q_tile, k_tile, true);
+      } else {
+        issue_qk<Tr, Elem>(sacc, q_tile, k_tile);
+      }
       wgmma::commit();
     };
     auto issue_o = [&](int n_block) {  // O += P V of tile n_block
       pipe::bar_wait(sm.v_full(stage_of(n_block)), phase_of(n_block));
       wgmma::fence();
-      issue_pv<Tr, Elem>(acc_o, pa, sm.v(stage_of(n_block)));
+      const u32 v_tile = sm.v(stage_of(n_block));
+      if constexpr (kF32) {  // into the fresh acc_t, the small terms first
+        issue_pv<Tr, Elem>(acc_t, pa_lo, v_tile, false);
+        issue_pv<Tr, Elem>(acc_t, pa, v_tile + Tr::kSmemKVPlane);
+        issue_pv<Tr, Elem>(acc_t, pa, v_tile);
+      } else {
+        issue_pv<Tr, Elem>(acc_o, pa, v_tile);
+      }
       wgmma::commit();
     };
     auto o_done = [&](int n_block) {  // after wait: P V of tile n_block has completed
+      if constexpr (kF32) {
+        wgmma::fence_operands(acc_t[0]);
+        wgmma::fence_operands(pa_lo);
+      }
       wgmma::fence_operands(acc_o[0]);
       wgmma::fence_operands(pa);
       pipe::bar_arrive(sm.v_empty(stage_of(n_block)));
+      if constexpr (kF32) {  // O += the tile's P V, rounded once (IEEE)
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_o[0][dt][e] += acc_t[0][dt][e];
+      }
     };
 
     skip_tiles(n_max, a_max);
@@ -595,6 +720,13 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const Sm90Tile& w,
         their_turn();
         wgmma::wait<0>();
         wgmma::fence_operands(sacc[0]);
+        if constexpr (kSChains2) {
+          wgmma::fence_operands(sacc2[0]);
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sacc[0][nt][e] += sacc2[0][nt][e];
+        }
         softmax_tile(n_block, alpha);
         softmax.rescale(acc_o, alpha);
         pack_p();
@@ -636,6 +768,28 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const Sm90Tile& w,
     it += n_max - n_min;
   }
   if constexpr (Tr::kSeparateO) pipe::bar_arrive(sm.q_empty());  // every Q K^T has completed
+  if constexpr (kF32) {
+    // Float32 O straight from the accumulators: each quad writes 8 x 4 contiguous bytes per
+    // row and n8 tile (whole 32-byte sectors); O' carries V's scale and P's 2^12.
+    float lse[1][2];
+    softmax.finalize(acc_o, c, lse, sink_log2(p.sinks, bidh));
+    const float o_unscale = sc.kv_rscale[p.num_heads / p.h_per_kv + bidh / p.h_per_kv] / kF32PScale;
+    const int g = lane >> 2, t = lane & 3;
+    float* o_tile = reinterpret_cast<float*>(p.o) + (i64)(si.q_start + m0) * p.o_row_stride +
+                    (i64)bidh * p.o_head_stride;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = Tr::kWgRows * cw + 16 * warp + 8 * h + g;
+      if (row >= rows_valid) continue;
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt)
+        if (8 * dt + 2 * t < p.head_dim)
+          st_global_f32x2(o_tile + (i64)row * p.o_row_stride + 8 * dt + 2 * t,
+                          acc_o[0][dt][2 * h] * o_unscale, acc_o[0][dt][2 * h + 1] * o_unscale);
+      if (t == 0) p.lse[(i64)bidh * p.lse_head_stride + si.q_start + m0 + row] = lse[0][h];
+    }
+    return;
+  }
 
   // Epilogue: O /= l, LSE.  O goes through this warpgroup's own rows of the staging tile (its
   // own buffer, or without kSeparateO the Q tile, whose last wgmma has completed) so that the
@@ -678,9 +832,10 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const Sm90Tile& w,
   }
 }
 
+// `sc`: the float32 kernel's plane scales (Tr::kPlanes = 2; unused otherwise).
 template <class Tr, class Elem, bool Has_transform, bool Is_paged>
 __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps& maps,
-                                               int* tile_counter) {
+                                               int* tile_counter, const F32Scales& sc = {}) {
   extern __shared__ __align__(16) unsigned char smem[];  // aligned up by Sm90Smem
   const int tidx = threadIdx.x, wg = tidx >> 7;
   const Sm90Smem<Tr> sm(smem);
@@ -756,7 +911,7 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
         if (i < 0) break;
         if (!tile_at<Tr, Is_paged>(p, i, w, &lens)) continue;
       }
-      consumer<Tr, Elem, Has_transform, Is_paged>(p, w, sm, it, tq, cw, tidx - 128 * wg);
+      consumer<Tr, Elem, Has_transform, Is_paged>(p, sc, w, sm, it, tq, cw, tidx - 128 * wg);
       ++tq;
     }
   }

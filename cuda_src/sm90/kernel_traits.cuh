@@ -55,7 +55,9 @@
 
 namespace fa {
 
-template <int kHeadDim_, int kBlockN_, int kStages_, int kProducerRegs_ = 56>
+// kPlanes_ = 2: the float32 kernel (flash_fwd.cu, "Float32 as two float16 planes"): Q, K and V
+// each come as a high and a low float16 plane, both in shared memory.
+template <int kHeadDim_, int kBlockN_, int kStages_, int kProducerRegs_ = 56, int kPlanes_ = 1>
 struct Sm90FwdTraitsBase {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;
@@ -69,6 +71,7 @@ struct Sm90FwdTraitsBase {
   static constexpr int kQInRegs = 0;
   static constexpr int kVSplits = 1;  // D > 256 runs on the sm80 family
   static constexpr int kProducerRegs = kProducerRegs_;
+  static constexpr int kPlanes = kPlanes_;
   // The rest of the entry allocation (168 x 384), a multiple of 8.
   static constexpr int kConsumerRegs = (168 * kNThreads - 128 * kProducerRegs) / (128 * kConsumerWGs) / 8 * 8;
 
@@ -77,7 +80,7 @@ struct Sm90FwdTraitsBase {
   // 410 / 342, D = 128 584 / 556, D = 256 555 / 600 -- at D = 256 the extra live registers
   // (S, P and O = 128 at once) cost more than the overlap gains, so it runs without.
   __host__ __device__ static constexpr bool overlap(bool paged, bool transform) {
-    return FA_SM90_OVERLAP && kHeadDim != 256;
+    return FA_SM90_OVERLAP && kHeadDim != 256 && kPlanes == 1;
   }
   // Ping-pong (FlashAttention-3): the two consumer warpgroups take turns issuing their
   // matrix products (named barriers), so one's softmax runs under the other's wgmma
@@ -97,8 +100,12 @@ struct Sm90FwdTraitsBase {
                 "P V takes 16 keys per wgmma; S = Q K^T has N <= 256 (wgmma_ops.cuh: ss_qk)");
   static_assert(kStages >= 2, "the producer signals tile n after issuing tile n + 1");
 
-  static constexpr int kSmemQ = kBlockM * kHeadDim * 2;
-  static constexpr int kSmemKV = kBlockN * kHeadDim * 2;
+  static_assert(kPlanes == 1 || kPlanes == 2, "16-bit operands, or float32 as hi / lo planes");
+  static constexpr int kSmemQPlane = kBlockM * kHeadDim * 2;
+  static constexpr int kSmemKVPlane = kBlockN * kHeadDim * 2;
+  // A Q buffer / a K or V stage holds its planes one after the other (each 1024-byte aligned).
+  static constexpr int kSmemQ = kPlanes * kSmemQPlane;
+  static constexpr int kSmemKV = kPlanes * kSmemKVPlane;
   // The epilogue stages O (kBlockM x D, 16-bit) in shared memory for row-contiguous 16-byte
   // stores.  Its own buffer where it fits (D <= 192: at most 195 KB in all), so a persistent
   // CTA's producer loads the next tile's Q while the consumers still write this tile's O; at
@@ -119,8 +126,11 @@ struct Sm90FwdTraitsBase {
   static constexpr int kSmemSchedSlots = 16 + 2 * 16;
   // + 1024: the dynamic shared memory base is only 16-byte aligned; the kernel rounds it up.
   static constexpr int kSmemRest = 1024 + kSmemBars + kSmemIds + kSmemFlags + kSmemSchedSlots;
-  static constexpr bool kSeparateO = kSmemRing + kSmemQ + kSmemRest <= kSmemLimit;
-  static constexpr int kSmemO = kSeparateO ? kSmemQ : 0;
+  // The float32 kernel stores its float32 O from registers (8-byte pairs fill whole 32-byte
+  // sectors), so it stages nothing and its Q is free as soon as the last S is computed.
+  static constexpr bool kStageO = kPlanes == 1;
+  static constexpr bool kSeparateO = !kStageO || kSmemRing + kSmemQPlane + kSmemRest <= kSmemLimit;
+  static constexpr int kSmemO = kStageO && kSeparateO ? kSmemQPlane : 0;
   static constexpr int kSmemTiles = kSmemRing + kSmemO;
   static constexpr int kSmemBytes = kSmemTiles + kSmemRest;
   static_assert(kSmemBytes <= kSmemLimit, "Q, the K/V ring and the barriers must fit 227 KB");
@@ -161,5 +171,13 @@ template <> struct Sm90FwdTraits<192> : Sm90FwdTraitsBase<192, 64, 2> {};
 // choice too.  Paged keeps 64 keys: 80 is not a multiple or a divisor of pages of 32 .. 256.
 template <> struct Sm90FwdTraits<256> : Sm90FwdTraitsBase<256, FA_SM90_BLOCKN_256, 2> {};
 template <> struct Sm90FwdTraits<256, true> : Sm90FwdTraitsBase<256, 64, 2> {};
+
+// The float32 kernel (float32 inputs at float32 accuracy; flash_fwd.cu "Float32 as two float16
+// planes"): three float16 products per matrix product, so twice a 16-bit tile's shared memory
+// per operand.  128 x 64 tiles, 2 stages: D = 128 is 64 KB of Q planes + 2 x 64 KB of K / V
+// planes = 192 KB; per consumer thread O 64 + the tile's fresh P V accumulators 64 + S 32 +
+// P hi / lo 32 fp32 registers.  Dense and varlen K/V only (the paged float32 path is sm80's).
+template <int kHeadDim>
+struct Sm90F32Traits : Sm90FwdTraitsBase<kHeadDim, 64, 2, 56, 2> {};
 
 }  // namespace fa

@@ -60,6 +60,11 @@ PRECISE_DTYPES = ("f32", "tf32", "f64")
 #: doubles per thread, would spill above; sm80/kernel_traits.cuh).
 PRECISE_HEAD_DIM_BUCKETS = {"f32": (32, 64, 96, 128, 160, 192, 256), "tf32": (32, 64, 96, 128, 160, 192, 256),
                             "f64": (32, 64, 96, 128)}
+#: Head-dim buckets of the Hopper float32 kernel ("f32" on sm90: float32 as float16 hi / lo planes,
+#: sm90/flash_fwd.cu; dense and varlen K/V).  Its Q / K / V planes take twice a 16-bit tile's
+#: shared memory, so D = 128 already fills 192 KB with 64-key tiles (sm90/kernel_traits.cuh);
+#: larger head dims, paged K/V, float64 and TF32 run on the sm80 precise kernel.
+SM90_F32_HEAD_DIM_BUCKETS = (64, 128)
 #: The C++ (element type, mma policy) of each precise element type.
 _PRECISE_CXX = {"f32": ("float", "fa::Tf32<3>"), "tf32": ("float", "fa::Tf32<1>"),
                 "f64": ("double", "fa::F64")}
@@ -130,7 +135,7 @@ NVRTC_TARGET = {"sm80": None, "sm90": "90a"}
 
 def head_dim_buckets(arch: str = "sm80", dtype: str = "bf16") -> tuple:
     if dtype in PRECISE_DTYPES:
-        return PRECISE_HEAD_DIM_BUCKETS[dtype]
+        return SM90_F32_HEAD_DIM_BUCKETS if arch == "sm90" else PRECISE_HEAD_DIM_BUCKETS[dtype]
     return SM90_HEAD_DIM_BUCKETS if arch == "sm90" else HEAD_DIM_BUCKETS
 
 
@@ -172,7 +177,7 @@ class KernelKey:
     causal / local window and with keys of at least SM90_WIDE_MIN_KEYS (launch.select_kernel;
     any problem is still correct on it)."""
 
-    dtype: str  # "f16" | "bf16" | PRECISE_DTYPES (sm80 only)
+    dtype: str  # "f16" | "bf16" | PRECISE_DTYPES (sm80; "f32" also sm90, dense / varlen)
     head_dim: int  # bucket, one of HEAD_DIM_BUCKETS
     transform: bool = False
     paged: bool = False
@@ -184,8 +189,9 @@ class KernelKey:
             raise ValueError(f"KernelKey.arch must be one of {ARCHS}, got {self.arch!r}")
         if self.dtype not in DTYPES + PRECISE_DTYPES:
             raise ValueError(f"KernelKey.dtype must be one of {DTYPES + PRECISE_DTYPES}, got {self.dtype!r}")
-        if self.dtype in PRECISE_DTYPES and self.arch != "sm80":
-            raise ValueError(f"KernelKey: the {self.dtype} kernels are sm80 (mma.sync) only, got {self.arch!r}")
+        if self.dtype in PRECISE_DTYPES and self.arch != "sm80" and (self.dtype != "f32" or self.paged):
+            raise ValueError(f"KernelKey: the {self.dtype} kernels are sm80 (mma.sync) only, except "
+                             f"dense / varlen float32 on sm90, got {self!r}")
         buckets = head_dim_buckets(self.arch, self.dtype)
         if self.head_dim not in buckets:
             raise ValueError(
@@ -285,7 +291,8 @@ def traits(head_dim_bucket: int, arch: str = "sm80", dtype: str = "bf16", paged:
     """The tile numbers of one kernel family's bucket (sm90: the paged and the wide kernels have
     their own, sm90/kernel_traits.cuh); :func:`key_traits` for a :class:`KernelKey`."""
     if dtype in PRECISE_DTYPES:
-        return _trait_table("f64" if dtype == "f64" else "f32")[head_dim_bucket]
+        table = "sm90f32" if arch == "sm90" else "f64" if dtype == "f64" else "f32"
+        return _trait_table(table)[head_dim_bucket]
     if arch == "sm90":  # tuning overrides are an sm80 (FwdTraitsBase) facility
         return _trait_table("sm90p" if paged else "sm90w" if wide else "sm90")[head_dim_bucket]
     return _OVERRIDES.get(head_dim_bucket) or _trait_table()[head_dim_bucket]
@@ -324,6 +331,13 @@ def shipped_keys(arch: str = "sm80") -> list:
     return keys
 
 
+def shipped_sm90_f32_keys() -> list:
+    """Every instantiation of the Hopper float32 kernel (sm90/flash_fwd.cu with float16 planes;
+    its own module: launch.py never mixes it with the 16-bit sm90 keys)."""
+    return [KernelKey("f32", d, tf, arch="sm90") for d in SM90_F32_HEAD_DIM_BUCKETS
+            for tf in (False, True)]
+
+
 def shipped_precise_keys(dtypes: Sequence[str] = PRECISE_DTYPES) -> list:
     """Every instantiation of the float32 / float64 kernel (a module of its own source)."""
     return [KernelKey(dt, d, tf, pg) for dt in dtypes for d in PRECISE_HEAD_DIM_BUCKETS[dt]
@@ -337,6 +351,10 @@ FWD_ARGS = ArgPack("fa_fwd_args", PARAMS)
 SM90_EXTRA = (("int*", "tile_counter"),)
 #: The sm90 entry points' argument: the TMA maps of q, k, v, then PARAMS + SM90_EXTRA (tma.py).
 SM90_ARGS = TmaArgPack("fa_fwd_sm90_args", ArgPack("fa_fwd_sm90_base", PARAMS + SM90_EXTRA))
+#: The Hopper float32 entry points' fields after SM90_EXTRA: the planes' scales (f32_planes.py).
+SM90_F32_EXTRA = (("const float*", "q_rscale"), ("const float*", "kv_rscale"))
+SM90_F32_ARGS = TmaArgPack("fa_fwd_sm90_f32_args",
+                           ArgPack("fa_fwd_sm90_f32_base", PARAMS + SM90_EXTRA + SM90_F32_EXTRA))
 #: The precise entry points' argument: FWD_ARGS plus the float64 scale and softcap
 #: (``fa::PreciseScalars``; FwdParams holds them rounded to float32).
 PRECISE_SCALARS = (("double", "softmax_scale_f64"), ("double", "softcap_f64"))
@@ -382,6 +400,8 @@ def _wrapper_sm90(key: KernelKey) -> str:
     t = key_traits(key)
     elem = "fa::Bf16" if key.dtype == "bf16" else "fa::F16"
     b = lambda x: "true" if x else "false"  # noqa: E731
+    if key.dtype == "f32":
+        return _wrapper_sm90_f32(key, t)
     tr_cxx = f"fa::Sm90FwdTraits<{key.head_dim}, {b(key.paged)}, {b(key.wide)}>"
     # (threads, 1): setmaxnreg needs the register cap at entry that the 1 gives.
     return f"""
@@ -398,6 +418,24 @@ extern "C" __global__ void __launch_bounds__({t.num_threads}, 1) {key.name}(
 """
 
 
+def _wrapper_sm90_f32(key: KernelKey, t: Traits) -> str:
+    """The float32 entry point: float16 planes (fa::F16 products) and their scales."""
+    tr_cxx = f"fa::Sm90F32Traits<{key.head_dim}>"
+    transform = "true" if key.transform else "false"
+    return f"""
+static_assert({tr_cxx}::kNThreads == {t.num_threads} && {tr_cxx}::kSmemBytes == {t.smem_bytes},
+              "{key.name}: the host's launch geometry differs from sm90/kernel_traits.cuh");
+extern "C" __global__ void __launch_bounds__({t.num_threads}, 1) {key.name}(
+    const __grid_constant__ fa_fwd_sm90_f32_args a) {{
+  fa::FwdParams p;
+{FWD_ARGS.assign("p", "a.base")}
+  const fa::TmaMaps maps{{&a.tma_q, &a.tma_k, &a.tma_v}};
+  const fa::F32Scales sc{{a.base.q_rscale, a.base.kv_rscale}};
+  fa::flash_fwd_sm90<{tr_cxx}, fa::F16, {transform}, false>(p, maps, a.base.tile_counter, sc);
+}}
+"""
+
+
 def kernel_source(keys: Union[KernelKey, Iterable[KernelKey]]) -> str:
     """Translation unit: flash_fwd.cu with headers inlined, plus one entry point per key."""
     if isinstance(keys, KernelKey):
@@ -410,6 +448,10 @@ def kernel_source(keys: Union[KernelKey, Iterable[KernelKey]]) -> str:
     precise = {k.dtype in PRECISE_DTYPES for k in keys}
     if len(precise) > 1:
         raise ValueError("one module per kernel source: float32/float64 keys and 16-bit keys apart")
+    if precise == {True} and arch == "sm90":
+        return (build_source("sm90/flash_fwd.cu") + '#line 1 "<generated entry points>"\n'
+                + FWD_ARGS.c_struct() + SM90_F32_ARGS.base.c_struct() + SM90_F32_ARGS.c_struct()
+                + "".join(_wrapper(k) for k in keys))
     if precise == {True}:
         return (build_source("sm80/flash_fwd_precise.cu") + '#line 1 "<generated entry points>"\n'
                 + FWD_ARGS.c_struct() + PRECISE_ARGS.c_struct() + "".join(_wrapper(k) for k in keys))

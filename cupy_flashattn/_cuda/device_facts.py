@@ -124,6 +124,12 @@ def _facts_for(tuning: tuple) -> dict:
         vals = _evaluate(build_source("sm90/kernel_traits.cuh"), exprs)
         sm90[table] = {d: dict(zip(PREFILL_FACTS, vals[i * n:(i + 1) * n]))
                        for i, d in enumerate(SM90_HEAD_DIM_BUCKETS)}
+    from .compile import SM90_F32_HEAD_DIM_BUCKETS
+
+    exprs = [f"fa::Sm90F32Traits<{d}>::{f}" for d in SM90_F32_HEAD_DIM_BUCKETS for f in PREFILL_FACTS]
+    vals = _evaluate(build_source("sm90/kernel_traits.cuh"), exprs)
+    sm90["prefill_sm90_f32"] = {d: dict(zip(PREFILL_FACTS, vals[i * n:(i + 1) * n]))
+                                for i, d in enumerate(SM90_F32_HEAD_DIM_BUCKETS)}
     from .compile import PRECISE_HEAD_DIM_BUCKETS
 
     precise = {}
@@ -147,9 +153,11 @@ def _facts_for(tuning: tuple) -> dict:
 def prefill_facts(arch: str = "sm80") -> dict:
     """head-dim bucket -> {PREFILL_FACTS name: value} of ``fa::FwdTraits<bucket>`` (sm80),
     ``fa::Sm90FwdTraits<bucket, false, false>`` (sm90), ``<bucket, true, false>`` ("sm90p": the
-    paged kernels), ``<bucket, false, true>`` ("sm90w": the wide kernels) or
+    paged kernels), ``<bucket, false, true>`` ("sm90w": the wide kernels),
+    ``fa::Sm90F32Traits<bucket>`` ("sm90f32": the Hopper float32 kernel) or
     ``fa::PreciseFwdTraits<float|double, bucket>`` ("f32" / "f64")."""
     table = {"sm90": "prefill_sm90", "sm90p": "prefill_sm90_paged", "sm90w": "prefill_sm90_wide",
+             "sm90f32": "prefill_sm90_f32",
              "f32": "prefill_f32", "f64": "prefill_f64"}
     return _all_facts()[table.get(arch, "prefill")]
 

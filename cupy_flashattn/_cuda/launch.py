@@ -8,8 +8,11 @@ Adaptations made before the launch (each costs a copy, and only when needed):
   * head dims that are not a multiple of 8 (e.g. 59): q/k/v are zero-padded to the next
     multiple of 8 and the output sliced back -- zero columns change neither Q K^T nor the
     kept part of P V.  Paged caches are padded whole, so prefer D % 8 == 0 for large caches;
-  * float32 inputs run on the float32 kernel (3xTF32, float32 accuracy) by default, float64 on
-    the float64 one (``sm80/flash_fwd_precise.cu``, both mma.sync, on every GPU); only with
+  * float32 inputs run at float32 accuracy by default: on a compute capability 9.0 GPU, dense
+    and varlen problems with D <= 128 on the sm90 kernel over float16 hi / lo planes
+    (``f32_planes.py``; it computes the planes first), the rest on the sm80 float32 kernel
+    (3xTF32); float64 runs on the float64 one (``sm80/flash_fwd_precise.cu``, both mma.sync, on
+    every GPU); only with
     ``set_float32_precision("medium")`` is float32 cast to bfloat16 (not float16: bf16 has
     float32's exponent range), computed with fp32 accumulation and cast back;
   * q / out / k / v whose row or head strides are not multiples of 8 elements (16 bytes, as
@@ -24,9 +27,9 @@ import numpy as np
 from ..problem import AttentionProblem
 from .args import Operands, compute_dtype, problem_pointers
 from .args import aligned as _aligned
-from .compile import (FWD_ARGS, PRECISE_ARGS, SM90_ARGS, SM90_HEAD_DIM_BUCKETS, SM90_UNSHIPPED,
-                      KernelKey, bucket_for, get_kernel, is_precise, kernel_dtype_tag,
-                      key_traits)
+from .compile import (FWD_ARGS, PRECISE_ARGS, SM90_ARGS, SM90_F32_ARGS, SM90_F32_HEAD_DIM_BUCKETS,
+                      SM90_HEAD_DIM_BUCKETS, SM90_UNSHIPPED, KernelKey, bucket_for, get_kernel,
+                      is_precise, kernel_dtype_tag, key_traits)
 from .launcher import Launch, TmaLaunch, launch_packed
 from .schedule import dynamic_schedule, launch_grid, prefill_grid
 from .tma import fwd_geometries
@@ -124,10 +127,12 @@ def describe_prefill_path(device_cc=None) -> str:
     from ..precision import get_float32_precision
 
     mode = get_float32_precision()
-    f32 = {"highest": "3xTF32, float32 accuracy", "high": "TF32",
+    f32 = {"highest": ("float32 accuracy: float16 hi / lo planes on sm90 for dense / varlen D <= "
+                       "128, else 3xTF32 on sm80") if family == "sm90" else "3xTF32, float32 accuracy",
+           "high": "TF32 on sm80",
            "medium": "bfloat16 operands on the 16-bit kernels"}[mode]
     return (f"{_FAMILY_WORDS[family]} ({how}); decode: sm80 split-KV; float32: {mode!r} ({f32}; "
-            "set_float32_precision), float64: DMMA -- both on the sm80 float32/float64 kernel")
+            "set_float32_precision), float64: DMMA on the sm80 float64 kernel")
 
 
 def select_kernel(problem: AttentionProblem, arch=None, device_cc=None) -> KernelKey:
@@ -140,7 +145,10 @@ def select_kernel(problem: AttentionProblem, arch=None, device_cc=None) -> Kerne
     transform = p.alibi_slopes is not None or p.softcap > 0 or not scale_ok
     dtype = kernel_dtype_tag(p.q.dtype)
     if is_precise(dtype):
-        arch = "sm80"  # the float32 / float64 kernel is mma.sync only, on every GPU
+        if sm90_f32_serves(p, transform, device_cc):
+            arch, dtype = "sm90", "f32"  # "high" too: faster there than TF32 on mma.sync
+        else:
+            arch = "sm80"
     elif arch is None:
         arch = prefill_arch(p.head_dim, transform, p.paged, device_cc)
     from .compile import SM90_WIDE_BUCKETS, SM90_WIDE_MIN_KEYS, head_dim_buckets
@@ -152,6 +160,24 @@ def select_kernel(problem: AttentionProblem, arch=None, device_cc=None) -> Kerne
             and p.window_left < 0 and p.window_right < 0 and p.max_seqlen_k >= SM90_WIDE_MIN_KEYS)
     return KernelKey(dtype=dtype, head_dim=bucket, transform=transform, paged=p.paged, arch=arch,
                      wide=wide)
+
+
+def sm90_f32_serves(problem: AttentionProblem, transform: bool, device_cc=None) -> bool:
+    """Whether a float32 problem runs on the Hopper float32 kernel (float16 planes,
+    f32_planes.py): where the prefill family is sm90, for dense / varlen K/V of D <= 128, at
+    precision "highest" and also "high" (measured on an H100, D = 128 S = 4k: 187 TFLOP/s at
+    float32 accuracy against 73 for one TF32 product on mma.sync -- the planes kernel is both
+    the faster and the more accurate one there; benchmarks/NOTES.md, issue 14).  Not
+    for paged K/V, nor with seqused_k / leftpad_k / cache_batch_idx (a KV cache): the planes'
+    per-head scale comes from every row of K and V, and a cache's rows past its lengths hold
+    whatever was there before -- a huge stale value there would cost the live keys bits."""
+    p = problem
+    if (kernel_dtype_tag(p.q.dtype) not in ("f32", "tf32") or p.paged
+            or p.head_dim > SM90_F32_HEAD_DIM_BUCKETS[-1]):
+        return False
+    if p.seqused_k is not None or p.leftpad_k is not None or p.cache_batch_idx is not None:
+        return False
+    return prefill_arch(p.head_dim, transform, False, device_cc) == "sm90"
 
 
 def needs_temporaries(problem: AttentionProblem) -> bool:
@@ -204,6 +230,20 @@ class PrefillPlan:
         ops = Operands(p, self.compute_dtype)
         self.direct = ops.direct
         self.launch = None
+        # Float32 on sm90: the planes' pre-pass, then the kernel on the planes (_run_planes).
+        self.planes = None
+        if key.arch == "sm90" and key.dtype == "f32":
+            self.direct = False
+            self.args = SM90_F32_ARGS
+            if not self.empty:
+                from .f32_planes import F32Planes, plane_values
+
+                self.planes = F32Planes(ops.q, ops.k, ops.v)
+                values, map_values = plane_values(self._values(ops, p), self.planes.workspace())
+                self.launch = TmaLaunch(self.kernel, self.grid, self.block, self.smem,
+                                        SM90_F32_ARGS, SM90_F32_ARGS.new(values),
+                                        self._geometries(map_values))
+            return
         if self.direct and not self.empty:
             values = self._values(ops, p)
             if self.tma:
@@ -238,7 +278,23 @@ class PrefillPlan:
         block_m, block_n, paged = self.tile
         return fwd_geometries(values, block_m, block_n, paged)
 
+    def _run_planes(self, p: AttentionProblem) -> None:
+        """Float32 on sm90: planes of this call's operands, then the kernel on them."""
+        ops = Operands(p, self.compute_dtype)
+        if not self.empty:
+            ws = self.planes.run(ops.q, ops.k, ops.v)
+            pointers = problem_pointers(p)
+            pointers.update(q=ws.q_planes, k=ws.k_planes, v=ws.v_planes, o=ops.o, lse=ops.lse,
+                            q_rscale=ws.q_rscale, kv_rscale=ws.kv_rscale)
+            if self.dynamic:
+                pointers["tile_counter"] = self._tile_counter()
+            self.launch(pointers)
+        ops.finish()
+
     def run(self, p: AttentionProblem) -> None:
+        if self.planes is not None:
+            self._run_planes(p)
+            return
         if self.direct:
             if self.launch is not None:
                 pointers = problem_pointers(p)

@@ -125,7 +125,8 @@ def test_logit_features(dtype, feature):
 def test_float32_is_float32_accurate_by_default():
     """D = 128, S = 4096, random normal: relative error < 1e-5 ("highest"); the same call on
     bfloat16 operands ("medium") is ~1e-2 off and TF32 ("high") ~1e-3 -- the bound tells them
-    apart."""
+    apart.  (On a 9.0 GPU "high" runs the float16-plane kernel of "highest": faster there than
+    TF32, and float32-accurate.)"""
     rng = np.random.default_rng(4096)
     q, k, v = (randn(rng, (1, 4096, 2, 128), F32) for _ in range(3))
     ref, _, naive = ref_and_naive(q, k, v)
@@ -139,7 +140,9 @@ def test_float32_is_float32_accurate_by_default():
         fa.set_float32_precision("highest")
     assert errs["highest"] < 1e-5, errs
     assert_within_bound(fa.flash_attn_func(_dev(q), _dev(k), _dev(v)).get(), ref, naive, F32)
-    assert 1e-5 < errs["high"] < 5e-3 and errs["medium"] > 1e-3, errs
+    hopper = int(cp.cuda.Device().compute_capability) == 90
+    assert (errs["high"] < 1e-5 if hopper else 1e-5 < errs["high"] < 5e-3), errs
+    assert errs["medium"] > 1e-3, errs
 
 
 @pytest.mark.parametrize("dtype", [F32, F64], ids=str)
