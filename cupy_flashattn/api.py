@@ -80,7 +80,8 @@ _SEMANTICS = """
         Backends: NumPy inputs run on the Numba CPU backend and return NumPy arrays; CuPy inputs
         (and torch/JAX GPU arrays, adopted zero-copy via DLPack) run the CUDA kernels on CuPy's
         current stream and return CuPy arrays.  Every dtype keeps its precision: float32 on the
-        GPU runs at float32 accuracy (3xTF32 tensor cores) unless
+        GPU runs at float32 accuracy (split operands on tensor cores: float16 planes on Hopper,
+        3xTF32 elsewhere) unless
         :func:`set_float32_precision` asks for TF32 ("high") or bfloat16 operands ("medium");
         float64 runs in float64 (DMMA tensor cores; head dims up to 128 on the GPU).
 """

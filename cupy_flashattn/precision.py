@@ -3,11 +3,16 @@
 ``set_float32_precision(mode)`` mirrors ``torch.set_float32_matmul_precision``:
 
 * ``"highest"`` (default): float32 accuracy.  Both products (S = Q K^T and O += P V) run on
-  tensor cores as 3xTF32 -- each operand split into a TF32 high part and a TF32 residual, three
-  products accumulated in float32 -- so the error against the float64 reference is that of a
-  float32 computation (measured: ``benchmarks/NOTES.md``, precise v1).
+  tensor cores with each operand split into a high part and a residual, three products
+  accumulated in float32, so the error against the float64 reference is that of a float32
+  computation.  On a compute capability 9.0 GPU (dense / varlen, D <= 128) the parts are
+  float16 planes of power-of-two-scaled operands on wgmma (~4x torch's memory-efficient SDPA
+  at D = 128, S = 4k on an H100); elsewhere TF32 parts on mma.sync (3xTF32).  Measured:
+  ``benchmarks/NOTES.md``, precise v1 and "float32 on Hopper".
 * ``"high"``: one TF32 product each (10-bit mantissa operands, float32 accumulation and softmax,
-  ~1e-3 relative), torch's ``allow_tf32``; about 2x the speed of "highest".
+  ~1e-3 relative), torch's ``allow_tf32``; about 2x the speed of "highest" on the sm80 kernel.
+  Where the float16-plane kernel serves (above) "high" runs it too: it is faster there than
+  TF32 on mma.sync, and float32-accurate.
 * ``"medium"``: q/k/v are cast to bfloat16 and run on the 16-bit kernels (~3 significant
   digits; what float32 calls did before this setting existed), the fastest.
 
