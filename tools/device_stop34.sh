@@ -6,7 +6,8 @@
 #     memory-efficient SDPA and our sm80 3xTF32 kernel, same process.
 #   MODE=f32bench / f32test: only the benchmark / the tests.
 #   MODE=suite: the whole GPU suite in parallel shards (tools/gpu_suite_parallel.sh);
-#     MODE=verify: the suite, then compute-sanitizer ($TOOLS, default memcheck racecheck).
+#     MODE=verify: the suite, compute-sanitizer ($TOOLS, default memcheck racecheck), then
+#     MODE=precise's benchmark.
 #   MODE=precise: benchmarks/bench_precise.py as `make bench` runs it (float32 + float64).
 set -u
 OUT=${OUT:-/tmp/fa_stop34}; mkdir -p "$OUT"
@@ -32,10 +33,10 @@ if [ "$mode" = verify ]; then
   stamp "sanitize"
   OUT="$OUT" TOOL_TIMEOUT=${TOOL_TIMEOUT:-150} bash tools/sanitize.sh ${TOOLS:-memcheck racecheck} 2>&1 | tail -n 8
 fi
-if [ "$mode" = precise ]; then
+if [ "$mode" = precise ] || [ "$mode" = verify ]; then
   stamp "bench_precise (float32 and float64, the benchmark of record)"
   mkdir -p "$OUT/results"
-  timeout ${BENCH_TIMEOUT:-500} python3 benchmarks/bench_precise.py --out "$OUT/results" 2>&1 \
+  timeout ${BENCH_TIMEOUT:-240} python3 benchmarks/bench_precise.py --out "$OUT/results" 2>&1 \
     | tee "$OUT/bench_precise.txt" | grep -v "^#"
 fi
 stamp done
