@@ -129,7 +129,8 @@ def describe_prefill_path(device_cc=None) -> str:
     mode = get_float32_precision()
     f32 = {"highest": ("float32 accuracy: float16 hi / lo planes on sm90 for dense / varlen D <= "
                        "128, else 3xTF32 on sm80") if family == "sm90" else "3xTF32, float32 accuracy",
-           "high": "TF32 on sm80",
+           "high": ("the float16 planes where they serve, else TF32 on sm80" if family == "sm90"
+                    else "TF32"),
            "medium": "bfloat16 operands on the 16-bit kernels"}[mode]
     return (f"{_FAMILY_WORDS[family]} ({how}); decode: sm80 split-KV; float32: {mode!r} ({f32}; "
             "set_float32_precision), float64: DMMA on the sm80 float64 kernel")
