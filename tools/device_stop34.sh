@@ -36,7 +36,8 @@ fi
 if [ "$mode" = precise ] || [ "$mode" = verify ]; then
   stamp "bench_precise (float32 and float64, the benchmark of record)"
   mkdir -p "$OUT/results"
-  timeout ${BENCH_TIMEOUT:-240} python3 benchmarks/bench_precise.py --out "$OUT/results" 2>&1 \
+  timeout ${BENCH_TIMEOUT:-240} python3 benchmarks/bench_precise.py --out "$OUT/results" \
+    --dtypes ${PRECISE_DTYPES:-f32,f64} --seqs ${PRECISE_SEQS:-1024,4096,16384} 2>&1 \
     | tee "$OUT/bench_precise.txt" | grep -v "^#"
 fi
 stamp done
