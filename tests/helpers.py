@@ -174,3 +174,19 @@ def prefix_ranges(spans_per_seq, max_ranges=3):
         if spans:
             r[b, : len(spans)] = spans
     return r
+
+
+def scaled_float32_case(q_mag, k_mag, v_mag, causal):
+    """float32 q, k, v (B 2, Sq 97, Sk 1025, H 6 / Hk 2, D 80) far from unit magnitude: Q rows
+    2^-20 .. 2^2 apart times q_mag, K rows 2^-16 .. 1 apart times k_mag, V times v_mag; and the
+    softmax scale that gives logits of O(1) .. O(10).  The Hopper float32 path's magnitude test
+    and tools/f32_error_probe.py share it."""
+    rng = np.random.default_rng(int(np.log10(q_mag)) + 50 + causal)
+    B, Sq, Sk, H, Hk, D = 2, 97, 1025, 6, 2, 80
+    f32 = np.float32
+    q_rows = np.exp2(rng.integers(-20, 3, (B, Sq, H, 1)))
+    k_rows = np.exp2(rng.integers(-16, 1, (B, Sk, Hk, 1)))
+    q = (randn(rng, (B, Sq, H, D), f32) * q_rows * q_mag).astype(f32)
+    k = (randn(rng, (B, Sk, Hk, D), f32) * k_rows * k_mag).astype(f32)
+    v = (randn(rng, (B, Sk, Hk, D), f32) * v_mag).astype(f32)
+    return q, k, v, 2.0 / np.sqrt(D) / (q_mag * k_mag)

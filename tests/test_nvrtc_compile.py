@@ -114,13 +114,20 @@ def test_kernel_names_are_flat_and_unique():
     assert all(n.replace("_", "").isalnum() for n in names)
 
 
-@pytest.mark.parametrize("head_dim", cc.SM90_HEAD_DIM_BUCKETS)
-def test_sm90_paged_tma_switch_compiles_without_spills(head_dim):
-    """The gather-only build of the paged kernels (FA_SM90_PAGED_TMA=0, the A/B switch of
-    device runs) stays spill-free, without wgmma serialization."""
-    keys = [k for k in SM90_KEYS if k.paged and k.dtype == "bf16" and k.head_dim == head_dim]
-    cubin, log = cc.compile_for_arch(cc.kernel_source(keys), "90a",
-                                     extra_options=["-DFA_SM90_PAGED_TMA=0"])
+#: The sm90 A/B switches of device runs and the kernels each one changes: FA_SM90_PAGED_TMA=0
+#: (the gather-only paged kernels, per head-dim bucket) and FA_SM90_F32_S_CHAINS=2 (the float32
+#: kernel's second S accumulator).
+SM90_SWITCHES = [("FA_SM90_PAGED_TMA=0", d, [k for k in SM90_KEYS if k.paged and k.dtype == "bf16"
+                                             and k.head_dim == d])
+                 for d in cc.SM90_HEAD_DIM_BUCKETS]
+SM90_SWITCHES.append(("FA_SM90_F32_S_CHAINS=2", 0, cc.shipped_sm90_f32_keys()))
+
+
+@pytest.mark.parametrize("define, head_dim, keys", SM90_SWITCHES,
+                         ids=[f"{s}-d{d}" for s, d, _ in SM90_SWITCHES])
+def test_sm90_ab_switch_compiles_without_spills(define, head_dim, keys):
+    """A build with a device-run A/B switch stays spill-free, without wgmma serialization."""
+    cubin, log = cc.compile_for_arch(cc.kernel_source(keys), "90a", extra_options=[f"-D{define}"])
     infos = cc.parse_ptxas_log(log)
     assert {k.name for k in keys} <= set(infos)
     assert all(v["spill_stores"] == 0 and v["spill_loads"] == 0 for v in infos.values()), infos
@@ -139,14 +146,3 @@ def test_float32_plane_pre_pass_compiles_without_spills(arch):
     assert all(v["spill_stores"] == 0 and v["spill_loads"] == 0 and v["stack"] == 0
                for v in infos.values()), infos
 
-
-def test_float32_s_chains_switch_compiles_without_spills():
-    """The A/B switch of the Hopper float32 kernel (FA_SM90_F32_S_CHAINS=2: a second S
-    accumulator) stays spill-free and keeps wgmma unserialized."""
-    keys = cc.shipped_sm90_f32_keys()
-    cubin, log = cc.compile_for_arch(cc.kernel_source(keys), "90a",
-                                     extra_options=["-DFA_SM90_F32_S_CHAINS=2"])
-    infos = cc.parse_ptxas_log(log)
-    assert {k.name for k in keys} <= set(infos)
-    assert all(v["spill_stores"] == 0 and v["spill_loads"] == 0 for v in infos.values()), infos
-    assert "Potential Performance Loss" not in log and "C7508" not in log

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 import cupy_flashattn as fa
-from helpers import assert_lse_close, assert_within_bound, cu_seqlens, randn, ref_and_naive
+from helpers import (
+    assert_lse_close, assert_within_bound, cu_seqlens, randn, ref_and_naive, scaled_float32_case,
+)
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
@@ -89,14 +91,7 @@ def test_magnitudes_float16_cannot_hold(q_mag, k_mag, v_mag, causal):
     rows keep their bits down to 2^-24 of the largest), GQA, D = 80, Sk 1025, Sq 97.  (Rows of
     logits ~1e6 are left out: there float32's own rounding of a logit, ~0.1, already decides the
     winning key, and the bound measures noise.)"""
-    rng = np.random.default_rng(int(np.log10(q_mag)) + 50 + causal)
-    B, Sq, Sk, H, Hk, D = 2, 97, 1025, 6, 2, 80
-    q_rows = np.exp2(rng.integers(-20, 3, (B, Sq, H, 1)))
-    k_rows = np.exp2(rng.integers(-16, 1, (B, Sk, Hk, 1)))
-    q = (randn(rng, (B, Sq, H, D), F32) * q_rows * q_mag).astype(F32)
-    k = (randn(rng, (B, Sk, Hk, D), F32) * k_rows * k_mag).astype(F32)
-    v = (randn(rng, (B, Sk, Hk, D), F32) * v_mag).astype(F32)
-    scale = 2.0 / np.sqrt(D) / (q_mag * k_mag)  # logits of O(1) .. O(10)
+    q, k, v, scale = scaled_float32_case(q_mag, k_mag, v_mag, causal)
     out = _poisoned(q.shape)
     _, lse = fa.flash_attn_func(_dev(q), _dev(k), _dev(v), causal=causal, softmax_scale=scale,
                                 out=out, return_softmax_lse=True)
