@@ -9,6 +9,7 @@
 #     MODE=verify: the suite, compute-sanitizer ($TOOLS, default memcheck racecheck), then
 #     MODE=precise's benchmark.
 #   MODE=precise: benchmarks/bench_precise.py as `make bench` runs it (float32 + float64).
+#   MODE=f32chains: FA_SM90_F32_S_CHAINS=2 against the default, speed and error.
 set -u
 OUT=${OUT:-/tmp/fa_stop34}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
@@ -39,5 +40,14 @@ if [ "$mode" = precise ] || [ "$mode" = verify ]; then
   timeout ${BENCH_TIMEOUT:-240} python3 benchmarks/bench_precise.py --out "$OUT/results" \
     --dtypes ${PRECISE_DTYPES:-f32,f64} --seqs ${PRECISE_SEQS:-1024,4096,16384} 2>&1 \
     | tee "$OUT/bench_precise.txt" | grep -v "^#"
+fi
+if [ "$mode" = f32chains ]; then
+  # FA_SM90_F32_S_CHAINS=2's speed (its error: tools/f32_error_probe.py --gpu) against the default.
+  for v in "" "FA_SM90_F32_S_CHAINS=2"; do
+    stamp "bench_precise f32 D128 S4k '${v:-default}'"
+    CUPY_FLASHATTN_SM90_DEFINES="$v" timeout 90 python3 benchmarks/bench_precise.py --dtypes f32 \
+      --dims 128 --seqs 4096 --out "$OUT/chains${v:+_2}" 2>&1 | grep "ours "
+    CUPY_FLASHATTN_SM90_DEFINES="$v" timeout 60 python3 tools/f32_error_probe.py --gpu 2>&1 | tail -n 6
+  done
 fi
 stamp done
