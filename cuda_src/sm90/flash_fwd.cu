@@ -466,9 +466,9 @@ __device__ __forceinline__ void st_global_f32x2(float* ptr, float a, float b) {
 // Elem::pack does, lo = fp16(P 2^12 - hi) (the difference is exact in float32).
 template <class Elem>
 __device__ __forceinline__ void split_pair(float a, float b, u32& hi, u32& lo) {
+  static_assert(Elem::kIsF16, "the planes are float16");
   a *= kF32PScale;
   b *= kF32PScale;
-  static_assert(Elem::kIsF16, "the planes are float16");
   hi = Elem::pack(a, b);  // a in the low half
   float ha, hb;
   asm("cvt.f32.f16 %0, %1;" : "=f"(ha) : "h"((u16)(hi & 0xffffu)));
@@ -671,7 +671,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
         issue_qk<Tr, Elem>(sacc, q_tile + Tr::kSmemQPlane, k_tile);
         issue_qk<Tr, Elem>(sacc, q_tile, k_tile + Tr::kSmemKVPlane, true);
         issue_qk<Tr, Elem, 0, kHalf>(sacc, q_tile, k_tile, true);
-        issue_qk<Tr, Elem, kHalf>(reinterpret_cast<float(&)[1][Tr::kNTiles][4]>(sacc2), q_tile, k_tile);
+        issue_qk<Tr, Elem, kHalf>(sacc2, q_tile, k_tile);
       } else if constexpr (kF32) {  // the small terms first, then hi hi
         issue_qk<Tr, Elem>(sacc, q_tile + Tr::kSmemQPlane, k_tile);
         issue_qk<Tr, Elem>(sacc, q_tile, k_tile + Tr::kSmemKVPlane, true);

@@ -398,10 +398,10 @@ extern "C" __global__ void __launch_bounds__({t.num_threads}, {t.min_blocks_per_
 
 def _wrapper_sm90(key: KernelKey) -> str:
     t = key_traits(key)
-    elem = "fa::Bf16" if key.dtype == "bf16" else "fa::F16"
-    b = lambda x: "true" if x else "false"  # noqa: E731
     if key.dtype == "f32":
         return _wrapper_sm90_f32(key, t)
+    elem = "fa::Bf16" if key.dtype == "bf16" else "fa::F16"
+    b = lambda x: "true" if x else "false"  # noqa: E731
     tr_cxx = f"fa::Sm90FwdTraits<{key.head_dim}, {b(key.paged)}, {b(key.wide)}>"
     # (threads, 1): setmaxnreg needs the register cap at entry that the 1 gives.
     return f"""
@@ -448,14 +448,12 @@ def kernel_source(keys: Union[KernelKey, Iterable[KernelKey]]) -> str:
     precise = {k.dtype in PRECISE_DTYPES for k in keys}
     if len(precise) > 1:
         raise ValueError("one module per kernel source: float32/float64 keys and 16-bit keys apart")
-    if precise == {True} and arch == "sm90":
-        return (build_source("sm90/flash_fwd.cu") + '#line 1 "<generated entry points>"\n'
-                + FWD_ARGS.c_struct() + SM90_F32_ARGS.base.c_struct() + SM90_F32_ARGS.c_struct()
-                + "".join(_wrapper(k) for k in keys))
-    if precise == {True}:
+    if precise == {True} and arch == "sm80":
         return (build_source("sm80/flash_fwd_precise.cu") + '#line 1 "<generated entry points>"\n'
                 + FWD_ARGS.c_struct() + PRECISE_ARGS.c_struct() + "".join(_wrapper(k) for k in keys))
-    structs = FWD_ARGS.c_struct() + (SM90_ARGS.base.c_struct() + SM90_ARGS.c_struct()
+    # sm90: the TMA maps' struct; the float32 (planes) keys' one also carries their scales.
+    tma_pack = SM90_F32_ARGS if precise == {True} else SM90_ARGS
+    structs = FWD_ARGS.c_struct() + (tma_pack.base.c_struct() + tma_pack.c_struct()
                                      if arch == "sm90" else "")
     return (build_source(f"{arch}/flash_fwd.cu") + '#line 1 "<generated entry points>"\n'
             + structs + "".join(_wrapper(k) for k in keys))

@@ -210,16 +210,6 @@ extern "C" __global__ void __launch_bounds__({DECODE_THREADS}, {key.min_blocks})
 """
 
 
-def _struct_wrapper(name: str, struct: str, fn: str, pack: ArgPack, threads: int) -> str:
-    return f"""
-extern "C" __global__ void __launch_bounds__({threads}) {name}(const {pack.struct_name} a) {{
-  fa::{struct} c;
-{pack.assign("c")}
-  fa::{fn}(c);
-}}
-"""
-
-
 def decode_source(keys=(), combine: bool = True) -> str:
     """flash_decode.cu (headers inlined) + entry points of ``keys`` (+ the combine kernel)."""
     keys = list(keys)
@@ -236,14 +226,14 @@ def decode_source(keys=(), combine: bool = True) -> str:
         src += DECODE_ARGS.c_struct() + "".join(_decode_wrapper(k) for k in keys)
     if combine:
         src += COMBINE_ARGS.c_struct()
-        src += _struct_wrapper(COMBINE_NAME, "CombineParams", "combine_states", COMBINE_ARGS, 128)
+        src += COMBINE_ARGS.entry_point(COMBINE_NAME, "CombineParams", "combine_states", 128)
     return src
 
 
 def rope_source() -> str:
     return (build_source("kv_cache.cu") + '#line 1 "<generated rope entry point>"\n'
             + ROPE_ARGS.c_struct()
-            + _struct_wrapper(ROPE_NAME, "RopeAppendParams", "rope_append", ROPE_ARGS, 128))
+            + ROPE_ARGS.entry_point(ROPE_NAME, "RopeAppendParams", "rope_append", 128))
 
 
 def _decode_kernel(key: DecodeKey):

@@ -5,8 +5,8 @@
 float32's accuracy at twice the rate TF32 would run, with every tile, TMA map and pipeline of the
 16-bit kernel.  A call runs four operations on its stream, none of which waits for the device:
 a memset of the per-head maxima, ``fa_f32_amax`` (K and V), ``fa_f32_split`` (Q, K and V) and
-the attention kernel.  The planes (2x the bytes of the float32 inputs in float16: the same
-bytes again) are a workspace kept per plan and stream, like the split-KV partials of decode, so
+the attention kernel.  The planes (two float16 values per float32 input element: as many
+bytes again as the inputs) are a workspace kept per plan and stream, like the split-KV partials of decode, so
 a plan replays -- CUDA graphs included -- without allocating.
 """
 
@@ -37,13 +37,8 @@ _AMAX_BLOCKS = 512
 def split_source() -> str:
     from .source import build_source
 
-    wrappers = "".join(f"""
-extern "C" __global__ void __launch_bounds__({_THREADS}) {name}(const {F32_SPLIT_ARGS.struct_name} a) {{
-  fa::F32SplitParams c;
-{F32_SPLIT_ARGS.assign("c")}
-  fa::{fn}(c);
-}}
-""" for name, fn in ((AMAX_NAME, "f32_amax"), (SPLIT_NAME, "f32_split")))
+    wrappers = (F32_SPLIT_ARGS.entry_point(AMAX_NAME, "F32SplitParams", "f32_amax", _THREADS)
+                + F32_SPLIT_ARGS.entry_point(SPLIT_NAME, "F32SplitParams", "f32_split", _THREADS))
     return (build_source("f32_split.cu") + '#line 1 "<generated f32 split entry points>"\n'
             + F32_SPLIT_ARGS.c_struct() + wrappers)
 

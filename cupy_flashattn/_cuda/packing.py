@@ -89,6 +89,18 @@ class ArgPack:
         for name, value in pointers.items():
             words[pw[name]] = 0 if value is None else value.data.ptr
 
+    def entry_point(self, name: str, cxx_struct: str, fn: str, threads: int) -> str:
+        """A kernel ``name`` taking this struct, copying it into ``fa::<cxx_struct>`` and calling
+        ``fa::<fn>`` on it (the one-function kernels: combine, rope / append, the float32
+        pre-pass)."""
+        return f"""
+extern "C" __global__ void __launch_bounds__({threads}) {name}(const {self.struct_name} a) {{
+  fa::{cxx_struct} c;
+{self.assign("c")}
+  fa::{fn}(c);
+}}
+"""
+
     def read(self, packed: np.ndarray) -> np.void:
         """The fields of a packed (1,)-array, by name (tests and debugging)."""
         return packed.view(self.dtype)[0]
