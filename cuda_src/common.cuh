@@ -128,6 +128,20 @@ __device__ __forceinline__ T quad_sum(T x) {
   return x;
 }
 
+// The same over all 32 lanes of a warp (the split-KV combine: one split per lane).
+template <class T>
+__device__ __forceinline__ T warp_max(T x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = max_skip_nan(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+template <class T>
+__device__ __forceinline__ T warp_sum(T x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
 // Elements of a run-time dtype (the decode combine and the rotary/append kernels serve every
 // dtype from one instantiation).  Codes, as decode.py's _elem_code passes them: 0 float32,
 // 1 float16, 2 bfloat16, 3 float64 (loads only; cvt.rn, as NumPy's astype(float32)).  16-bit

@@ -83,3 +83,15 @@ def test_paged_maps_only_with_the_switch(monkeypatch):
     for page in (1, 7, 48):  # gathered by cp.async: no K / V map
         assert fwd_geometries(dict(values, page_size=page), 128, 128, paged=True)[1:] == (None, None)
     assert list(fwd_geometries(dict(values, page_size=256), 128, 128, paged=True)[1].box) == [64, 1, 128, 1]
+
+
+def test_paged_tma_takes_power_of_two_pages_that_tile_the_key_tile():
+    """The host's copy of the kernel's rule (flash_fwd.cu paged_tma_ok): whole 8-row boxes,
+    pages that divide the key tile or are multiples of it, P a power of two (the producer finds
+    a box's issuer and its row in the page with masks, not divides); other sizes gather."""
+    from cupy_flashattn._cuda.tma import paged_tma_ok
+
+    assert [p for p in range(1, 600) if paged_tma_ok(p, 128)] == [8, 16, 32, 64, 128, 256, 512]
+    assert [p for p in range(1, 200) if paged_tma_ok(p, 64)] == [8, 16, 32, 64, 128]
+    # A tuning sweep's 96-key tile: pages of 48, 96 or 192 rows tile it, but are no power of 2.
+    assert [p for p in range(1, 200) if paged_tma_ok(p, 96)] == [8, 16, 32]

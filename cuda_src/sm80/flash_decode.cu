@@ -231,45 +231,93 @@ __device__ __forceinline__ float partial_lse(const CombineParams& c, i64 i) {
   else return c.lse_in[i];
 }
 
-// One (row, head) pair, by one warp (lane 0 .. 31 over the head dim).
+// One (row, head) pair, by one warp.  Its time is latency, not bandwidth: a split decode step
+// ends with it (in the last split CTA, or the combine kernel), so it must not pay one memory
+// round trip per split.  The lanes hold 32 splits' LSEs at once (lane i: split s0 + i), and O
+// is summed kCombineSplits splits at a time with all their loads issued before the first add;
+// lane i owns head-dim columns d0 + i + 32 j (j < kCombineCols).  (A loop over the splits, one
+// LSE and one O element per step, made a B = 1 decode step 0.3 us slower per split: H100,
+// 2026-12-06, tools/decode_split_sweep.py.)
+// The combine kernel's loads switch on the element type at run time (load_elem): it takes one
+// split at a time (its kCombineCols loads still in flight together), since 2 or 4 made ptxas
+// spill on sm_80 (8 / 24 bytes); the fused combine reads float32 partials, 4 splits at a time.
+constexpr int kCombineCols = 4;
 template <bool kBypassL1>
 __device__ __forceinline__ void combine_pair(const CombineParams& c, int row, int head, int lane) {
+  constexpr int kCombineSplits = kBypassL1 ? 4 : 1;
   const i64 lse_off = (i64)(row / c.lse_rows) * c.lse_batch_stride + (i64)head * c.lse_head_stride + row % c.lse_rows;
+  const int n = c.num_splits;
   // Partial s is the state (m = lse_s, l = 1) in natural units (c = log2 e); softmax.cuh's
-  // merge rules give the total and the weights.
+  // merge rules give the total and the weights.  A partial whose lse is +-inf saw no key: it
+  // is neither weighed nor read (its O was never written).  NaN (a NaN score) is weighed.
+  auto lse_of = [&](int s) {
+    return s < n ? partial_lse<kBypassL1>(c, s * c.lse_split_stride + lse_off) : neg_inf();
+  };
+  auto has_keys = [](float l) { return fabsf(l) != pos_inf(); };
+  const float l_first = lse_of(lane);  // splits 0 .. 31, kept (decode splits rarely pass 32)
+  auto lse_at = [&](int s0) { return s0 == 0 ? l_first : lse_of(s0 + lane); };
   float mx = neg_inf();
-  for (int s = 0; s < c.num_splits; ++s) {
-    const float l = partial_lse<kBypassL1>(c, s * c.lse_split_stride + lse_off);
-    if (fabsf(l) != pos_inf()) mx = fmaxf(mx, l);  // finite or NaN (fmaxf skips NaN)
+  for (int s0 = 0; s0 < n; s0 += 32) {
+    const float l = lse_at(s0);
+    if (has_keys(l)) mx = fmaxf(mx, l);  // finite or NaN (fmaxf skips NaN)
   }
+  mx = warp_max(mx);
   const bool has_sink = c.sinks != nullptr;
   const float sink = has_sink ? c.sinks[head] : neg_inf();
   mx = fmaxf(mx, sink);
   const float shift = row_shift(mx, kLog2e);
-  float total = has_sink ? part_weight(sink, kLog2e, shift) : 0.f;
-  for (int s = 0; s < c.num_splits; ++s) {
-    const float l = partial_lse<kBypassL1>(c, s * c.lse_split_stride + lse_off);
-    if (fabsf(l) != pos_inf()) total += part_weight(l, kLog2e, shift);
+  float total = 0.f;
+  for (int s0 = 0; s0 < n; s0 += 32) {
+    const float l = lse_at(s0);
+    if (has_keys(l)) total += part_weight(l, kLog2e, shift);
   }
+  total = warp_sum(total);
+  if (has_sink) total += part_weight(sink, kLog2e, shift);
   const bool empty = total == 0.f;  // no partial with a key (NaN: not empty)
   const float lse = state_lse(mx, total, kLog2e);
   const float lse_log2 = lse * kLog2e;
   const i64 o_off = (i64)row * c.o_row_stride + (i64)head * c.o_head_stride;
   const i64 out_off = (i64)row * c.out_row_stride + (i64)head * c.out_head_stride;
-  for (int d = lane; d < c.head_dim; d += 32) {
-    float acc = 0.f;
-    for (int s = 0; s < c.num_splits; ++s) {
-      const float l = partial_lse<kBypassL1>(c, s * c.lse_split_stride + lse_off);
-      if (fabsf(l) != pos_inf())
-        acc += part_weight(l, kLog2e, lse_log2) * partial_o<kBypassL1>(c, s * c.o_split_stride + o_off + d);
+  for (int d0 = 0; d0 < c.head_dim; d0 += 32 * kCombineCols) {
+    float acc[kCombineCols] = {};
+    for (int s0 = 0; s0 < n; s0 += 32) {
+      const float l = lse_at(s0);
+      const bool mine = has_keys(l) && s0 + lane < n;
+      const float w = mine ? part_weight(l, kLog2e, lse_log2) : 0.f;
+      const int count = imin(32, n - s0);
+      for (int i = 0; i < count; i += kCombineSplits) {
+        float wi[kCombineSplits], o[kCombineSplits][kCombineCols];
+#pragma unroll
+        for (int u = 0; u < kCombineSplits; ++u) {  // every load first ...
+          const int k = (i + u) & 31;  // split s0 + i + u's lane (past count: read is false)
+          const bool read = __shfl_sync(0xffffffffu, (int)mine, k) && i + u < count;
+          const float wk = __shfl_sync(0xffffffffu, w, k);
+          wi[u] = read ? wk : 0.f;
+#pragma unroll
+          for (int j = 0; j < kCombineCols; ++j) {
+            const int d = d0 + lane + 32 * j;
+            o[u][j] = read && d < c.head_dim
+                          ? partial_o<kBypassL1>(c, (i64)(s0 + i + u) * c.o_split_stride + o_off + d)
+                          : 0.f;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kCombineSplits; ++u)  // ... then the adds
+#pragma unroll
+          for (int j = 0; j < kCombineCols; ++j) acc[j] += wi[u] * o[u][j];
+      }
     }
-    store_elem(c.o_out, out_off + d, c.out_type, empty ? 0.f : acc);
+#pragma unroll
+    for (int j = 0; j < kCombineCols; ++j) {
+      const int d = d0 + lane + 32 * j;
+      if (d < c.head_dim) store_elem(c.o_out, out_off + d, c.out_type, empty ? 0.f : acc[j]);
+    }
   }
   if (lane == 0)
     c.lse_out[(i64)(row / c.lse_rows) * c.lse_out_batch_stride + (i64)head * c.lse_out_head_stride + row % c.lse_rows] = lse;
 }
 
-__device__ void combine_states(const CombineParams& c) {
+__device__ __forceinline__ void combine_states(const CombineParams& c) {
   const i64 pair = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (pair >= (i64)c.rows * c.heads) return;

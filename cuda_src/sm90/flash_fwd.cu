@@ -323,22 +323,48 @@ __device__ __forceinline__ void tma_tile(u32 dst, const pipe::TmaDesc* map, int 
 // barrier between the EMPTY wait and the copies.
 // An absent id is out of the map's bounds and reads zeros, like the gather's zero fill; the
 // sequence-end tile is gathered (zeros past len_k).  Needs P % 8 == 0 (whole swizzle atoms per
-// box) and pages that tile the key tile.
+// box), pages that tile the key tile, and P a power of two (PagedBoxes: no divide; the page
+// sizes of vLLM, FlashInfer, flash-attn and candle all are; others, e.g. 48 or 384, gather).
+// The host keeps the same rule (_cuda/tma.py paged_tma_ok).
 template <class Tr>
 __device__ __forceinline__ bool paged_tma_ok(const FwdParams& p) {
   const int P = p.page_size;
-  return FA_SM90_PAGED_TMA && P % 8 == 0 && (P % Tr::kBlockN == 0 || Tr::kBlockN % P == 0);
+  return FA_SM90_PAGED_TMA && P % 8 == 0 && (P & (P - 1)) == 0 &&
+         (P % Tr::kBlockN == 0 || Tr::kBlockN % P == 0);
 }
+
+// The boxes of a paged key tile: min(P, kBlockN) rows each, one per page the tile touches,
+// issued by the thread of the box's first key row -- decided with no divide instruction: the
+// `t % rows` and `pos % P` they replace (two integer divisions per thread for K and two for V)
+// were ~100 instructions per producer thread between the EMPTY wait and the copies, the paged
+// producer's largest difference from the dense one in Nsight Compute's source counters (stop 35:
+// bf16 D = 128 S = 512, the consumers waited on FULL 2.9x as often as with dense K/V).
+template <class Tr>
+struct PagedBoxes {
+  __device__ __forceinline__ static int rows(int page_size) { return imin(page_size, Tr::kBlockN); }
+  // Recomputed at every use (two instructions): hoisted out of the tile loop by ptxas, the
+  // predicate cost the 56-register D = 128 softcap / ALiBi paged producer 4 bytes of spills, so
+  // the empty asm makes page_size opaque to that hoisting.
+  __device__ __forceinline__ static bool issuer(int page_size, int t) {
+    asm volatile("" : "+r"(page_size));
+    return t < Tr::kBlockN && (t & (rows(page_size) - 1)) == 0;  // rows: a power of two
+  }
+  // Row in its page of key tile n_block's first key (P a power of two): 0 when pages are no
+  // longer than the tile (every box then starts a page), else the tile's offset in its page.
+  __device__ __forceinline__ static int row_in_page(int n_block, int page_size) {
+    return (n_block * Tr::kBlockN) & (page_size - 1);
+  }
+};
 
 template <class Tr>
 __device__ __forceinline__ void tma_paged_tile(u32 dst, const pipe::TmaDesc* map, int id,
-                                               int head, int pos0, int page_size, u32 bar, int t) {
+                                               int head, int n_block, int page_size, u32 bar,
+                                               int t) {
   static_assert(Tr::kPlanes == 1, "float32 planes: dense / varlen K/V only");
-  const int rows = imin(page_size, Tr::kBlockN);  // per box
-  if (t < Tr::kBlockN && t % rows == 0) {
-    const int pos = pos0 + t;
-    const int in_page = pos - (pos / page_size) * page_size;
-    pipe::bar_arrive_expect_tx(bar, rows * Tr::kDBlocks * wgmma::kSwizzleRowBytes);
+  using Boxes = PagedBoxes<Tr>;
+  if (Boxes::issuer(page_size, t)) {
+    const int in_page = Boxes::row_in_page(n_block, page_size);
+    pipe::bar_arrive_expect_tx(bar, Boxes::rows(page_size) * Tr::kDBlocks * wgmma::kSwizzleRowBytes);
 #pragma unroll
     for (int j = 0; j < Tr::kDBlocks; ++j)
       pipe::tma_load_4d(dst + j * Tr::kBlockN * wgmma::kSwizzleRowBytes + t * wgmma::kSwizzleRowBytes,
@@ -366,7 +392,7 @@ __device__ __forceinline__ void tma_kv_tile(u32 dst, const pipe::TmaDesc* map, i
                                             int head, int row, int slot, int n_block,
                                             int page_size, u32 bar, int t) {
   if constexpr (Is_paged)
-    tma_paged_tile<Tr>(dst, map, id, head, n_block * Tr::kBlockN, page_size, bar, t);
+    tma_paged_tile<Tr>(dst, map, id, head, n_block, page_size, bar, t);
   else
     tma_tile<Tr>(dst, map, head, row, slot, bar, t);
 }

@@ -148,9 +148,10 @@ def paged_tma_enabled() -> bool:
 
 def paged_tma_ok(page_size: int, block_n: int) -> bool:
     """The kernel's rule (flash_fwd.cu paged_tma_ok): pages of whole 8-row boxes that tile the
-    key tile."""
+    key tile, P a power of two."""
     P = int(page_size)
-    return paged_tma_enabled() and P % 8 == 0 and (P % block_n == 0 or block_n % P == 0)
+    return (paged_tma_enabled() and P % 8 == 0 and P & (P - 1) == 0
+            and (P % block_n == 0 or block_n % P == 0))
 
 
 def paged_geometry(values: dict, block_n: int) -> TmaGeometry:

@@ -109,6 +109,19 @@ def test_head_dims_and_splits(dt, d, splits):
                        num_splits=splits))
 
 
+@pytest.mark.parametrize("d", [59, 128, 256])
+@pytest.mark.parametrize("page", [0, 16])
+@pytest.mark.parametrize("splits", [5, 37, 70])
+def test_many_splits(d, page, splits):
+    """The split merge at more splits than a warp has lanes (the combine's lanes take 32 splits
+    per pass, its O loads 4 splits at a time) and past 128 head-dim columns (two column
+    passes at D = 256), with empty splits (the short sequences' later splits see no key):
+    dense K/V merges in the last split CTA (the fused combine), paged K/V in the combine kernel."""
+    rng = np.random.default_rng(d + 7 * page + 1000 * splits)
+    check(make_problem(rng, d=d, h=8, hk=2, lens_q=[1, 1, 1], lens_k=[4100, 9, 1500],
+                       page=page, num_splits=splits))
+
+
 @pytest.mark.parametrize("page", [0, 1, 16, 48, 256])
 @pytest.mark.parametrize("splits", [0, 1, 3])
 def test_pages(page, splits):
