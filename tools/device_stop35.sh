@@ -12,6 +12,11 @@
 #   MODE=check: after a kernel change -- the whole GPU suite in shards, the sanitizers, then
 #     tools/quickbench_sm90.py (sm90 dense / varlen / paged 16 / 256, $QB_ROWS) and the B = 1
 #     split sweep; every log in $OUT/logs.tgz.
+#   MODE=bench: the benchmarks of record for issues 12 / 15 / 16 -- bench.py bf16 D 64/128/256,
+#     S 512/2k/4k (dense, sm80, varlen, paged 16 / 256); bench_decode.py (GQA 32/8, pages 16 and
+#     256; B:ctx 64:4096, 16:16384, 1:512, 1:4096, 1:32768); bench_varlen.py; all in $OUT/bench.tgz.
+#     DIMS, SEQS, DROWS, DPAGES, BENCH_TIMEOUT, DECODE_TIMEOUT narrow it (issue 15 alone:
+#     DIMS=128 SEQS=512 DROWS=64:4096,16:16384,1:512 DPAGES=16).
 # The device call brings back at most 8 files from $OUT: the ncu CSVs go into one tarball.
 set -u
 OUT=${OUT:-/tmp/fa_stop35}; mkdir -p "$OUT"
@@ -62,5 +67,22 @@ if [ "$mode" = check ]; then
   timeout ${SPLIT_TIMEOUT:-120} python3 tools/decode_split_sweep.py ${SPLIT_ARGS:-} 2>&1 \
     | tee "$OUT/logs/split_sweep.txt" | tail -n 4
   tar -C "$OUT" -czf "$OUT/logs.tgz" logs && rm -rf "$OUT/logs"
+fi
+if [ "$mode" = bench ]; then
+  R="$OUT/bench"; mkdir -p "$R"
+  stamp "precompile"
+  timeout 120 python3 tools/precompile_parallel.py 2>&1 | tail -n 1
+  stamp "bench.py"
+  timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/bench.py --dims ${DIMS:-64,128,256} \
+    --seqs ${SEQS:-512,2048,4096} --dtypes bf16 --out "$R" > "$R/bench.txt" 2>&1
+  grep -h "^| bf16" "$R"/*.md | grep -E "dense \||paged" | cut -d'|' -f2-10
+  stamp "bench_decode"
+  timeout ${DECODE_TIMEOUT:-150} python3 benchmarks/bench_decode.py --rows ${DROWS:-64:4096,16:16384,1:512,1:4096,1:32768} \
+    --heads 32/8 --pages ${DPAGES:-16,256} --out "$R" > "$R/bench_decode.txt" 2>&1
+  grep -v "^#" "$R/bench_decode.txt" | tail -n 24
+  stamp "bench_varlen"
+  timeout 90 python3 benchmarks/bench_varlen.py --out "$R" > "$R/bench_varlen.txt" 2>&1
+  tail -n 6 "$R/bench_varlen.txt"
+  tar -C "$OUT" -czf "$OUT/bench.tgz" bench && rm -rf "$R"
 fi
 stamp done
