@@ -4,6 +4,10 @@ MODE=ncusrc): the instructions with the most stall samples, and the samples per 
 report or side by side for several (e.g. the dense and the paged sm90 prefill kernel).
 
     python3 tools/ncu_source_top.py src_d128_s512_p0.csv src_d128_s512_p16.csv [--top 25]
+
+Also printed: the samples spent waiting on each mbarrier (a SYNCS...TRYWAIT and the retry
+branch after it, grouped by the barrier's address operand) -- e.g. the producer's EMPTY waits
+(per-thread address registers) against the consumers' FULL waits (uniform registers).
 """
 
 from __future__ import annotations
@@ -47,6 +51,24 @@ def sample_column(header) -> str:
     raise SystemExit(f"no stall-sampling column among {header}")
 
 
+def barrier_waits(rows, col):
+    """{barrier address operand: samples} of the mbarrier try-waits and their retry branches."""
+    waits = collections.Counter()
+
+    def operand(sass):
+        return sass.split("TRYWAIT")[1].split(",")[1].strip()
+
+    for i, (_, s, v) in enumerate(rows):
+        if "TRYWAIT" in s:
+            waits[operand(s)] += v[col]
+        elif "BRA" in s:
+            for j in range(i - 1, max(i - 4, -1), -1):
+                if "TRYWAIT" in rows[j][1]:
+                    waits[operand(rows[j][1])] += v[col]
+                    break
+    return waits
+
+
 def opcode(sass: str) -> str:
     text = sass.split(";")[0].strip()
     if text.startswith("@"):
@@ -67,6 +89,17 @@ def main(argv=None):
         print(f"== {path}: {len(rows)} instructions, {total:.0f} samples ({col})")
         for a, s, v in sorted(rows, key=lambda x: -x[2][col])[: args.top]:
             print(f"  {100 * v[col] / total:5.1f}%  {a:>8}  {s[:90]}")
+        dealloc = next((i for i, r in enumerate(rows) if "SETMAXREG.DEALLOC" in r[1]), None)
+        if dealloc is not None:  # warp-specialized: the producer's code follows its dealloc
+            end = next((i for i in range(dealloc, len(rows)) if rows[i][1] == "EXIT"), len(rows))
+            ex = "Instructions Executed"
+            print(f"  warp instructions executed: producer (setmaxnreg.dealloc .. EXIT) "
+                  f"{sum(r[2].get(ex, 0) for r in rows[dealloc:end]) / 1e6:.2f} M, before it "
+                  f"{sum(r[2].get(ex, 0) for r in rows[:dealloc]) / 1e6:.2f} M")
+        waits = barrier_waits(rows, col)
+        print(f"  mbarrier waits: {100 * sum(waits.values()) / total:.1f}% of samples")
+        for operand, x in waits.most_common(8):
+            print(f"    {100 * x / total:5.1f}%  {operand}")
         by_op = collections.Counter()
         for _, s, v in rows:
             by_op[opcode(s)] += v[col] / total

@@ -289,7 +289,7 @@ __device__ __forceinline__ void combine_pair(const CombineParams& c, int row, in
         float wi[kCombineSplits], o[kCombineSplits][kCombineCols];
 #pragma unroll
         for (int u = 0; u < kCombineSplits; ++u) {  // every load first ...
-          const int k = (i + u) & 31;  // split s0 + i + u's lane (past count: read is false)
+          const int k = (i + u) & 31;  // split s0 + i + u's lane (i + u < 32; past count: no read)
           const bool read = __shfl_sync(0xffffffffu, (int)mine, k) && i + u < count;
           const float wk = __shfl_sync(0xffffffffu, w, k);
           wi[u] = read ? wk : 0.f;
