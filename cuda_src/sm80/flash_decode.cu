@@ -113,7 +113,11 @@ struct DecodeParams {
 template <int kD> struct DecodeTraits;
 struct DecodeTraitsBase { static constexpr int kVSplits = 1; };
 template <> struct DecodeTraits<64> : DecodeTraitsBase { static constexpr int kStages = 4, kMinBlocks = 3, kMinBlocksFp8 = 4; };  // 78 KB/CTA; float8 43 KB
+#ifdef FA_DECODE_DEEP  // probe: one CTA per SM with a FA_DECODE_DEEP-slot ring per warp
+template <> struct DecodeTraits<128> : DecodeTraitsBase { static constexpr int kStages = FA_DECODE_DEEP, kMinBlocks = 1, kMinBlocksFp8 = 3; };
+#else
 template <> struct DecodeTraits<128> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 2, kMinBlocksFp8 = 3; };  // 109 KB/CTA; float8 60 KB
+#endif
 template <> struct DecodeTraits<256> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 1, kMinBlocksFp8 = 1; };  // 211 KB/CTA; float8 113 KB
 // 2 stages: 3 would pass the 227 KB limit (384: 234 KB).  512: 212 KB/CTA; 384: 160 KB/CTA.
 template <> struct DecodeTraits<384> { static constexpr int kStages = 2, kMinBlocks = 1, kMinBlocksFp8 = 0, kVSplits = 2; };

@@ -1,0 +1,139 @@
+"""Decode kernel time against the L2 flush and the split count (issue 16 / 15 probe).
+
+For each row (B:ctx, GQA 32/8, D = 128, paged cache of --page, pages scattered), GPU time of
+one decode step (CUDA events around the call; the GPU kept busy by the flush before it, as
+bench_decode.py's kernel-only column), ours with the heuristic's split count and each forced
+value, and torch SDPA cuDNN on the same K/V (bshd strided views, as bench_decode.py).  Two
+flushes before each timed call:
+
+* memset: bench_decode.py's 1 GiB memset.  It leaves the 50 MB L2 full of dirty lines, so the
+  timed call also pays their write-back (~17 us of DRAM writes at 3 TB/s) while it reads;
+* clean: the same memset, then a read-only kernel over 256 MB, so the L2 holds clean lines of
+  other data: the call reads from DRAM, with nothing of the flush left to write back.
+
+    CUPY_FLASHATTN_SM90_DEFINES=... PYTHONPATH=. python3 tools/decode_ring_probe.py \
+        [--rows 64:4096,16:16384,1:4096,1:32768] [--splits 0,8,16,32] [--page 16]
+
+--splits applies to the rows with fewer CTAs than SM slots (B * 8 < 132); the others take the
+heuristic's choice only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+
+import cupy  # noqa: E402
+
+_READ_SRC = r"""
+extern "C" __global__ void read_all(const uint4* __restrict__ a, long long n, unsigned* sink) {
+  unsigned acc = 0;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x) {
+    const uint4 v = __ldcg(a + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;  // keeps the loads alive; (almost) never taken
+}
+"""
+
+
+class Flushes:
+    def __init__(self):
+        self.buf = cupy.empty(1 << 30, dtype=np.uint8)
+        self.clean_buf = cupy.ones(256 << 20, dtype=np.uint8)
+        self.sink = cupy.zeros(1, dtype=np.uint32)
+        self.read = cupy.RawKernel(_READ_SRC, "read_all")
+
+    def memset(self):
+        cupy.cuda.runtime.memsetAsync(self.buf.data.ptr, 0, self.buf.nbytes, 0)
+
+    def clean(self):
+        self.memset()
+        n = self.clean_buf.nbytes // 16
+        self.read((132 * 8,), (256,), (self.clean_buf, np.int64(n), self.sink))
+
+
+def kernel_time(fn, before, reps=12, warmup=2):
+    for _ in range(warmup):
+        fn()
+    evs = []
+    for _ in range(reps):
+        before()
+        s, e = cupy.cuda.Event(), cupy.cuda.Event()
+        s.record()
+        fn()
+        e.record()
+        evs.append((s, e))
+    evs[-1][1].synchronize()
+    return float(np.median([cupy.cuda.get_elapsed_time(s, e) for s, e in evs])) * 1e3  # us
+
+
+def main(argv=None):
+    import ml_dtypes
+
+    import cupy_flashattn as fa
+    from bench_decode import fill_random, torch_sdpa
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="64:4096,16:16384,1:4096,1:32768")
+    ap.add_argument("--splits", default="0,8,16,32")
+    ap.add_argument("--page", type=int, default=16)
+    ap.add_argument("--no-peer", action="store_true")
+    args = ap.parse_args(argv)
+    H, Hk, D, P = 32, 8, 128, args.page
+    bf16 = ml_dtypes.bfloat16
+    fl = Flushes()
+    tag = os.environ.get("CUPY_FLASHATTN_SM90_DEFINES", "") or "default"
+    rng = np.random.default_rng(0)
+    for row in args.rows.split(","):
+        B, ctx = (int(x) for x in row.split(":"))
+        per = -(-ctx // P)
+        k = cupy.empty((B * per, P, Hk, D), dtype=bf16)
+        v = cupy.empty_like(k)
+        fill_random(k, 2)
+        fill_random(v, 3)
+        q = cupy.empty((B, 1, H, D), dtype=bf16)
+        fill_random(q, 1)
+        table = cupy.asarray(rng.permutation(B * per).astype(np.int32).reshape(B, per))
+        lens = cupy.full((B,), ctx, dtype=np.int32)
+        gbytes = 2 * B * ctx * Hk * D * 2 / 1e9
+        splits = [int(s) for s in args.splits.split(",")] if B * Hk < 132 else [0]
+        ref = None
+        cells = []
+        for s in splits:
+            def step(s=s):
+                return fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, block_table=table,
+                                                  num_splits=s)
+            o = step()
+            if ref is None:
+                ref = o.astype(np.float32)
+            err = float(cupy.abs(o.astype(np.float32) - ref).max())
+            tm, tc = kernel_time(step, fl.memset), kernel_time(step, fl.clean)
+            cells.append(f"s={s or 'auto'}: {tm:.1f}/{tc:.1f} (err {err:.1e})")
+        if not args.no_peer:
+            try:
+                # the same values contiguous (bshd), as bench_decode.py hands them to torch
+                kc = k[table.reshape(-1)].reshape(B, per * P, Hk, D)[:, :ctx]
+                vc = v[table.reshape(-1)].reshape(B, per * P, Hk, D)[:, :ctx]
+                run, o = torch_sdpa(q, kc, vc, "cudnn")
+                tm, tc = kernel_time(run, fl.memset), kernel_time(run, fl.clean)
+                err = float(cupy.abs(cupy.asarray(o).astype(np.float32) - ref).max())
+                cells.append(f"cuDNN: {tm:.1f}/{tc:.1f} (err {err:.1e})")
+                del kc, vc
+            except Exception as e:  # pragma: no cover -- no torch on this machine
+                cells.append(f"cuDNN: n/a ({type(e).__name__}: {str(e)[:80]})")
+        print(f"[{tag}] B={B} ctx={ctx} page={P} {gbytes:.3f} GB, us memset/clean flush  "
+              + "  ".join(cells), flush=True)
+        del k, v
+        cupy.get_default_memory_pool().free_all_blocks()
+
+
+if __name__ == "__main__":
+    main()
