@@ -83,15 +83,22 @@ def test_paged_maps_only_with_the_switch(monkeypatch):
     for page in (1, 7, 48):  # gathered by cp.async: no K / V map
         assert fwd_geometries(dict(values, page_size=page), 128, 128, paged=True)[1:] == (None, None)
     assert list(fwd_geometries(dict(values, page_size=256), 128, 128, paged=True)[1].box) == [64, 1, 128, 1]
+    assert list(fwd_geometries(dict(values, page_size=256), 128, 80, paged=True)[1].box) == [64, 1, 16, 1]
 
 
-def test_paged_tma_takes_power_of_two_pages_that_tile_the_key_tile():
-    """The host's copy of the kernel's rule (flash_fwd.cu paged_tma_ok): whole 8-row boxes,
-    pages that divide the key tile or are multiples of it, P a power of two (the producer finds
-    a box's issuer and its row in the page with masks, not divides); other sizes gather."""
-    from cupy_flashattn._cuda.tma import paged_tma_ok
+def test_paged_tma_takes_power_of_two_pages_in_boxes_that_never_cross_a_page():
+    """The host's copy of the kernel's rule (flash_fwd.cu paged_tma_ok, PagedBoxes): whole
+    8-row boxes, P a power of two (the producer finds a box's issuer and its row in the page
+    with masks, not divides); other sizes gather.  A box is P rows, at most the largest power of
+    two dividing the key tile, so it starts at a multiple of its height inside one page --
+    D = 256's 80-key tiles take 16-row boxes, 5 per column block, from any such page."""
+    from cupy_flashattn._cuda.tma import paged_box_rows, paged_tma_ok
 
-    assert [p for p in range(1, 600) if paged_tma_ok(p, 128)] == [8, 16, 32, 64, 128, 256, 512]
-    assert [p for p in range(1, 200) if paged_tma_ok(p, 64)] == [8, 16, 32, 64, 128]
-    # A tuning sweep's 96-key tile: pages of 48, 96 or 192 rows tile it, but are no power of 2.
-    assert [p for p in range(1, 200) if paged_tma_ok(p, 96)] == [8, 16, 32]
+    assert [p for p in range(1, 1100) if paged_tma_ok(p)] == [8, 16, 32, 64, 128, 256, 512, 1024]
+    assert [paged_box_rows(p, 128) for p in (8, 16, 64, 128, 256)] == [8, 16, 64, 128, 128]
+    assert [paged_box_rows(p, 64) for p in (8, 32, 256)] == [8, 32, 64]
+    assert [paged_box_rows(p, 80) for p in (8, 16, 32, 256)] == [8, 16, 16, 16]
+    for block_n in (64, 80, 96, 128):  # every box of every tile lies in one page
+        for p in (8, 16, 32, 64, 128, 256):
+            rows = paged_box_rows(p, block_n)
+            assert block_n % rows == 0 and p % rows == 0

@@ -6,8 +6,8 @@
 //   - warpgroup 0, the PRODUCER (setmaxnreg down to kProducerRegs): copies each tile's Q and
 //     its K/V tiles into a kStages ring in shared memory (the SW128 layout of wgmma.cuh) and
 //     signals each on its FULL mbarrier.  Q, and whole dense K/V tiles, by TMA (the tile
-//     holding the end of the sequence by cp.async, zero-filled past it); paged K/V: one TMA box
-//     per page where pages tile the key tile (FA_SM90_PAGED_TMA), else rows gathered by
+//     holding the end of the sequence by cp.async, zero-filled past it); paged K/V: TMA boxes
+//     that never cross a page where P is a power of two >= 8 (FA_SM90_PAGED_TMA), else rows gathered by
 //     cp.async through the page ids, any page size, absent pages zero-filled; the block-table
 //     reads run one tile ahead;
 //   - warpgroups 1 and 2, the CONSUMERS (64 query rows each): S = Q K^T by wgmma with both
@@ -313,9 +313,11 @@ __device__ __forceinline__ void tma_tile(u32 dst, const pipe::TmaDesc* map, int 
   }
 }
 
-// Paged K/V by TMA (FA_SM90_PAGED_TMA): a whole key tile comes as one box of min(P, kBlockN)
-// rows per page and column block, the page id as the outermost coordinate.  The thread of each
-// page's first key row (t = r P: it fetched that row's id, PageIds) issues that page's boxes,
+// Paged K/V by TMA (FA_SM90_PAGED_TMA): a whole key tile comes as boxes of min(P, B) rows per
+// column block, B the largest power of two dividing kBlockN (kBlockN itself, except D = 256's
+// 80-key tiles: 16), the page id as the outermost coordinate.  A box never crosses a page (its
+// rows start at a multiple of its height, which divides P).  The thread of each box's first
+// key row (it fetched that row's id, PageIds) issues that box,
 // adding its own bytes to the barrier (arrive.expect_tx before its copies, so the transaction
 // count never goes below zero and the phase cannot complete before every box is counted); the
 // other producer threads only arrive.  So at P = 16 the 16 boxes of a tile leave from 8 threads
@@ -323,25 +325,28 @@ __device__ __forceinline__ void tma_tile(u32 dst, const pipe::TmaDesc* map, int 
 // barrier between the EMPTY wait and the copies.
 // An absent id is out of the map's bounds and reads zeros, like the gather's zero fill; the
 // sequence-end tile is gathered (zeros past len_k).  Needs P % 8 == 0 (whole swizzle atoms per
-// box), pages that tile the key tile, and P a power of two (PagedBoxes: no divide; the page
-// sizes of vLLM, FlashInfer, flash-attn and candle all are; others, e.g. 48 or 384, gather).
+// box) and P a power of two (PagedBoxes: no divide; the page sizes of vLLM, FlashInfer,
+// flash-attn and candle all are; others, e.g. 48 or 384, gather).
 // The host keeps the same rule (_cuda/tma.py paged_tma_ok).
 template <class Tr>
 __device__ __forceinline__ bool paged_tma_ok(const FwdParams& p) {
   const int P = p.page_size;
-  return FA_SM90_PAGED_TMA && P % 8 == 0 && (P & (P - 1)) == 0 &&
-         (P % Tr::kBlockN == 0 || Tr::kBlockN % P == 0);
+  return FA_SM90_PAGED_TMA && P % 8 == 0 && (P & (P - 1)) == 0;
 }
 
-// The boxes of a paged key tile: min(P, kBlockN) rows each, one per page the tile touches,
-// issued by the thread of the box's first key row -- decided with no divide instruction: the
-// `t % rows` and `pos % P` they replace (two integer divisions per thread for K and two for V)
-// were ~100 instructions per producer thread between the EMPTY wait and the copies, the paged
-// producer's largest difference from the dense one in Nsight Compute's source counters (stop 35:
-// bf16 D = 128 S = 512, the consumers waited on FULL 2.9x as often as with dense K/V).
+// The boxes of a paged key tile: min(P, kBoxRows) rows each, issued by the thread of the box's
+// first key row -- decided with no divide instruction: the `t % rows` and `pos % P` they
+// replace (two integer divisions per thread for K and two for V) were ~100 instructions per
+// producer thread between the EMPTY wait and the copies, the paged producer's largest
+// difference from the dense one in Nsight Compute's source counters (stop 35: bf16 D = 128
+// S = 512, the consumers waited on FULL 2.9x as often as with dense K/V).
 template <class Tr>
 struct PagedBoxes {
-  __device__ __forceinline__ static int rows(int page_size) { return imin(page_size, Tr::kBlockN); }
+  // The tallest box that every tile start (a multiple of kBlockN) and every page start (a
+  // multiple of P, a power of two) is a multiple of: kBlockN's lowest set bit, capped by P.
+  static constexpr int kBoxRows = Tr::kBlockN & -Tr::kBlockN;
+  static_assert(kBoxRows >= 8, "whole 8-row swizzle atoms per box");
+  __device__ __forceinline__ static int rows(int page_size) { return imin(page_size, kBoxRows); }
   // Recomputed at every use (two instructions): hoisted out of the tile loop by ptxas, the
   // predicate cost the 56-register D = 128 softcap / ALiBi paged producer 4 bytes of spills, so
   // the empty asm makes page_size opaque to that hoisting.
@@ -349,10 +354,12 @@ struct PagedBoxes {
     asm volatile("" : "+r"(page_size));
     return t < Tr::kBlockN && (t & (rows(page_size) - 1)) == 0;  // rows: a power of two
   }
-  // Row in its page of key tile n_block's first key (P a power of two): 0 when pages are no
-  // longer than the tile (every box then starts a page), else the tile's offset in its page.
-  __device__ __forceinline__ static int row_in_page(int n_block, int page_size) {
-    return (n_block * Tr::kBlockN) & (page_size - 1);
+  // Row in its page of key row t (an issuer's) of tile n_block (P a power of two).  With
+  // kBlockN a power of two every issuer's box starts a page or the tile is one box (t = 0):
+  // the tile's own offset, as before 80-key paged tiles (the same machine code there).
+  __device__ __forceinline__ static int row_in_page(int n_block, int page_size, int t) {
+    if constexpr (kBoxRows == Tr::kBlockN) return (n_block * Tr::kBlockN) & (page_size - 1);
+    else return (n_block * Tr::kBlockN + t) & (page_size - 1);
   }
 };
 
@@ -363,7 +370,7 @@ __device__ __forceinline__ void tma_paged_tile(u32 dst, const pipe::TmaDesc* map
   static_assert(Tr::kPlanes == 1, "float32 planes: dense / varlen K/V only");
   using Boxes = PagedBoxes<Tr>;
   if (Boxes::issuer(page_size, t)) {
-    const int in_page = Boxes::row_in_page(n_block, page_size);
+    const int in_page = Boxes::row_in_page(n_block, page_size, t);
     pipe::bar_arrive_expect_tx(bar, Boxes::rows(page_size) * Tr::kDBlocks * wgmma::kSwizzleRowBytes);
 #pragma unroll
     for (int j = 0; j < Tr::kDBlocks; ++j)
@@ -398,7 +405,7 @@ __device__ __forceinline__ void tma_kv_tile(u32 dst, const pipe::TmaDesc* map, i
 }
 
 // The TMA producer, dense and paged: Q and every whole key tile by TMA (dense: tma_tile; paged,
-// where pages tile the key tile: tma_paged_tile through the tile's page ids), the tile that
+// where paged_tma_ok: tma_paged_tile through the tile's page ids), the tile that
 // holds the end of the sequence gathered by cp.async (zeros past len_k).  Paged: `id` is this
 // thread's page id of the first key tile, read by the caller ahead of time (dense: unused).
 template <class Tr, bool Is_paged>

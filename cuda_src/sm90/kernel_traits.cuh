@@ -27,9 +27,8 @@
 #ifndef FA_SM90_DIAG_NO_SOFTMAX
 #define FA_SM90_DIAG_NO_SOFTMAX 0
 #endif
-// Paged K/V by TMA (flash_fwd.cu, producer_paged_tma) where a page holds whole 8-row boxes
-// that tile the key tile (P % 8 == 0 and P % kBlockN == 0 or kBlockN % P == 0); other page
-// sizes gather.  Measured (NOTES.md, sm90 v6, D = 128 S = 4k, TFLOP/s, TMA / gather): P = 16
+// Paged K/V by TMA (flash_fwd.cu, tma_paged_tile) where a page holds whole 8-row boxes and P
+// is a power of two (boxes of min(P, kBlockN's lowest set bit) rows); other page sizes gather.  Measured (NOTES.md, sm90 v6, D = 128 S = 4k, TFLOP/s, TMA / gather): P = 16
 // 479 / 440, P = 256 607 / 444 (dense 633).  0 builds the gather for every page size (A/B
 // runs); the host encodes the paged maps only when on (tma.paged_tma_enabled).
 #ifndef FA_SM90_PAGED_TMA
@@ -136,10 +135,10 @@ struct Sm90FwdTraitsBase {
   static_assert(kSmemBytes <= kSmemLimit, "Q, the K/V ring and the barriers must fit 227 KB");
 };
 
-// Traits per (head-dim bucket, paged K/V).  A paged kernel's key tile must be one a page of the
-// usual sizes (16 .. 256) tiles, so the paged producer can load it by TMA one box per page
-// (flash_fwd.cu paged_tma_ok), and hold one page id per producer thread (kBlockN <= 128): the
-// paged kernels take the dense ones' traits except where the dense tile is wider or uneven.
+// Traits per (head-dim bucket, paged K/V).  A paged kernel holds one page id per producer
+// thread (kBlockN <= 128) and loads its tiles by TMA in boxes that never cross a page (flash_fwd.cu
+// PagedBoxes: kBlockN's lowest set bit of rows at most): the paged kernels take the dense ones'
+// traits except where the dense tile is wider.
 // Is_wide (compile.SM90_WIDE_BUCKETS): the dense kernel without softcap / ALiBi for problems
 // without a causal / local window, where a wider key tile pays (FlashAttention-3 tile_size.h
 // makes the same split).
@@ -168,9 +167,9 @@ template <> struct Sm90FwdTraits<192> : Sm90FwdTraitsBase<192, 64, 2> {};
 // D = 256: 128 x 80, 2 stages (64 + 160 KB; O shares Q's buffer).  O is 128 fp32 registers per
 // consumer thread.  Measured against 128 x 64 (NOTES.md, sm90 key-tile widths; H100, bf16,
 // TFLOP/s, S = 4k full / causal, 8k full): 670 / 605 / 660 vs 629 / 587 / 641 -- FlashAttention-3's
-// choice too.  Paged keeps 64 keys: 80 is not a multiple or a divisor of pages of 32 .. 256.
+// choice too.  Paged takes the same 80 keys (5 boxes of 16 rows per column block at P >= 16;
+// with 64 keys, paged ran 0.87-0.91x of dense at 80: NOTES.md, stop 35).
 template <> struct Sm90FwdTraits<256> : Sm90FwdTraitsBase<256, FA_SM90_BLOCKN_256, 2> {};
-template <> struct Sm90FwdTraits<256, true> : Sm90FwdTraitsBase<256, 64, 2> {};
 
 // The float32 kernel (float32 inputs at float32 accuracy; flash_fwd.cu "Float32 as two float16
 // planes"): three float16 products per matrix product, so twice a 16-bit tile's shared memory

@@ -146,23 +146,28 @@ def paged_tma_enabled() -> bool:
     return "-DFA_SM90_PAGED_TMA=0" not in _tuning_defines()
 
 
-def paged_tma_ok(page_size: int, block_n: int) -> bool:
-    """The kernel's rule (flash_fwd.cu paged_tma_ok): pages of whole 8-row boxes that tile the
-    key tile, P a power of two."""
+def paged_tma_ok(page_size: int) -> bool:
+    """The kernel's rule (flash_fwd.cu paged_tma_ok): pages of whole 8-row boxes, P a power of
+    two (the boxes, :func:`paged_box_rows` high, then never cross a page)."""
     P = int(page_size)
-    return (paged_tma_enabled() and P % 8 == 0 and P & (P - 1) == 0
-            and (P % block_n == 0 or block_n % P == 0))
+    return paged_tma_enabled() and P % 8 == 0 and P & (P - 1) == 0
+
+
+def paged_box_rows(page_size: int, block_n: int) -> int:
+    """Rows of a paged TMA box (flash_fwd.cu PagedBoxes::rows): P, at most the largest power of
+    two dividing the key tile (block_n itself, but 16 for D = 256's 80-key tiles)."""
+    return min(int(page_size), block_n & -block_n)
 
 
 def paged_geometry(values: dict, block_n: int) -> TmaGeometry:
-    """k / v of a paged pool (head_dim, Hk, P, num_pages), box (64, 1, min(P, block_n), 1);
+    """k / v of a paged pool (head_dim, Hk, P, num_pages), box (64, 1, paged_box_rows, 1);
     page ids outside the pool are out of bounds (zeros)."""
     d, h = int(values["head_dim"]), int(values["num_heads"])
     hk, P = h // int(values["h_per_kv"]), int(values["page_size"])
     return TmaGeometry((d, hk, P, values["k_rows"]),
                        (values["k_head_stride"] if hk > 1 else 8,
                         values["k_row_stride"] if P > 1 else 8, values["k_page_stride"]),
-                       (64, 1, min(P, block_n), 1))
+                       (64, 1, paged_box_rows(P, block_n), 1))
 
 
 def dense_kv_bounded(values: dict) -> bool:
@@ -189,7 +194,7 @@ def fwd_geometries(values: dict, block_m: int, block_n: int, paged: bool = False
     q = TmaGeometry((d, h, q_rows), (stride(values["q_head_stride"], h),
                                      stride(values["q_row_stride"], q_rows)), (64, 1, block_m))
     if paged:
-        kv = paged_geometry(values, block_n) if paged_tma_ok(values["page_size"], block_n) else None
+        kv = paged_geometry(values, block_n) if paged_tma_ok(values["page_size"]) else None
     else:
         row_stride = int(values["k_row_stride"])
         if dense_kv_bounded(values):
