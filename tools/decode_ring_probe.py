@@ -12,7 +12,7 @@ flushes before each timed call:
   other data: the call reads from DRAM, with nothing of the flush left to write back.
 
     CUPY_FLASHATTN_SM90_DEFINES=... PYTHONPATH=. python3 tools/decode_ring_probe.py \
-        [--rows 64:4096,16:16384,1:4096,1:32768] [--splits 0,8,16,32] [--page 16]
+        [--rows 64:4096,16:16384,1:4096,1:32768] [--splits 0,8,16,32] [--page 16] [--contig]
 
 --splits applies to the rows with fewer CTAs than SM slots (B * 8 < 132); the others take the
 heuristic's choice only.
@@ -86,6 +86,7 @@ def main(argv=None):
     ap.add_argument("--splits", default="0,8,16,32")
     ap.add_argument("--page", type=int, default=16)
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--contig", action="store_true", help="ours on a contiguous cache, no table")
     args = ap.parse_args(argv)
     H, Hk, D, P = 32, 8, 128, args.page
     bf16 = ml_dtypes.bfloat16
@@ -107,9 +108,16 @@ def main(argv=None):
         splits = [int(s) for s in args.splits.split(",")] if B * Hk < 132 else [0]
         ref = None
         cells = []
+        if args.contig:  # the same values, one contiguous (B, ctx, Hk, D) cache per sequence
+            idx = table.reshape(-1)
+            kk = k.view(np.uint16)[idx].view(bf16).reshape(B, per * P, Hk, D)
+            vv = v.view(np.uint16)[idx].view(bf16).reshape(B, per * P, Hk, D)
+            tt = None
+        else:
+            kk, vv, tt = k, v, table
         for s in splits:
-            def step(s=s):
-                return fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, block_table=table,
+            def step(s=s, kk=kk, vv=vv, tt=tt):
+                return fa.flash_attn_with_kvcache(q, kk, vv, cache_seqlens=lens, block_table=tt,
                                                   num_splits=s)
             o = step()
             if ref is None:
@@ -120,8 +128,9 @@ def main(argv=None):
         if not args.no_peer:
             try:
                 # the same values contiguous (bshd), as bench_decode.py hands them to torch
-                kc = k[table.reshape(-1)].reshape(B, per * P, Hk, D)[:, :ctx]
-                vc = v[table.reshape(-1)].reshape(B, per * P, Hk, D)[:, :ctx]
+                idx = table.reshape(-1)  # (through uint16: CuPy's take has no bfloat16)
+                kc = k.view(np.uint16)[idx].view(bf16).reshape(B, per * P, Hk, D)[:, :ctx]
+                vc = v.view(np.uint16)[idx].view(bf16).reshape(B, per * P, Hk, D)[:, :ctx]
                 run, o = torch_sdpa(q, kc, vc, "cudnn")
                 tm, tc = kernel_time(run, fl.memset), kernel_time(run, fl.clean)
                 err = float(cupy.abs(cupy.asarray(o).astype(np.float32) - ref).max())
@@ -129,9 +138,9 @@ def main(argv=None):
                 del kc, vc
             except Exception as e:  # pragma: no cover -- no torch on this machine
                 cells.append(f"cuDNN: n/a ({type(e).__name__}: {str(e)[:80]})")
-        print(f"[{tag}] B={B} ctx={ctx} page={P} {gbytes:.3f} GB, us memset/clean flush  "
+        print(f"[{tag}] B={B} ctx={ctx} page={0 if args.contig else P} {gbytes:.3f} GB, us memset/clean flush  "
               + "  ".join(cells), flush=True)
-        del k, v
+        del k, v, kk, vv
         cupy.get_default_memory_pool().free_all_blocks()
 
 

@@ -6,6 +6,14 @@
 #        forced split counts for B = 1, cuDNN beside;
 #     2. ncu (SpeedOfLight, WarpStateStats, MemoryWorkloadAnalysis) of our decode kernel and of
 #        cuDNN's on B = 64 ctx 4096 page 16 (NCU=0 skips it).
+#   MODE=probe2: the paged D = 256 change's check and the decode L2 question --
+#     1. the whole GPU suite in shards (tools/gpu_suite_parallel.sh; SUITE=0 skips it);
+#     2. ncu raw metrics (DRAM bytes, L2 sectors / hits / requests, L2 fabric) of our decode
+#        kernel (page 16, page 16 with FA_DECODE_L2_PREFETCH=256, contiguous) and cuDNN's,
+#        B = 64 ctx 4096;
+#     3. tools/decode_ring_probe.py for each of $PREFETCHES, and contiguous;
+#     4. tools/quickbench_sm90.py on the paged rows (D = 256 on 80-key tiles).
+#     Logs in $OUT/logs.tgz.
 # The device call brings back at most 8 files from $OUT.
 set -u
 OUT=${OUT:-/tmp/fa_stop36}; mkdir -p "$OUT"
@@ -30,5 +38,34 @@ if [ "$mode" = probe ]; then
         "$OUT/ncu_decode.txt" | tail -n 12
     done
   fi
+fi
+if [ "$mode" = probe2 ]; then
+  L="$OUT/logs"; mkdir -p "$L"
+  if [ "${SUITE:-1}" = 1 ]; then OUT="$L" bash tools/gpu_suite_parallel.sh; fi
+  if command -v ncu >/dev/null; then
+    M=gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum,lts__t_requests_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_ltcfabric.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ldgsts.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts.sum,sm__inst_executed.sum
+    for c in "p16::decode_bf16:" "p16_pf256:FA_DECODE_L2_PREFETCH=256:decode_bf16:" "contig::decode_bf16:--contig" "cudnn::sdpa:"; do
+      IFS=: read -r tag defs who extra <<< "$c"
+      stamp "ncu metrics $tag"
+      CUPY_FLASHATTN_SM90_DEFINES=$defs timeout 120 ncu --clock-control none --kernel-name regex:"$who" \
+        --launch-skip 3 --launch-count 1 --metrics "$M" \
+        python3 tools/decode_ring_probe.py --rows 64:4096 --splits 0 $extra > "$L/ncu_$tag.txt" 2>&1
+      grep -E "^\s+(gpu__|dram__|lts__|l1tex__|sm__)" "$L/ncu_$tag.txt" | sed "s/^/$tag /"
+    done
+  fi
+  for pf in ${PREFETCHES:-0 128 256}; do
+    defs=; [ "$pf" != 0 ] && defs=FA_DECODE_L2_PREFETCH=$pf
+    stamp "ring probe prefetch $pf"
+    CUPY_FLASHATTN_SM90_DEFINES=$defs timeout 120 python3 tools/decode_ring_probe.py \
+      --splits 0,16 $([ "$pf" != 0 ] && echo --no-peer) 2>&1 | tee -a "$L/ring_probe.txt" | grep -v "^#"
+  done
+  stamp "ring probe contiguous"
+  timeout 120 python3 tools/decode_ring_probe.py --splits 0,16 --no-peer --contig 2>&1 \
+    | tee -a "$L/ring_probe.txt" | grep -v "^#"
+  stamp "quickbench sm90 paged"
+  timeout 150 python3 tools/quickbench_sm90.py --archs sm90 --paged 16,256 --varlen \
+    --rows "${QB_ROWS:-256,2048,0;256,4096,0;256,4096,1;128,512,0;128,2048,0}" 2>&1 \
+    | tee "$L/quickbench.txt" | grep -v "^#"
+  tar -C "$OUT" -czf "$OUT/logs.tgz" logs && rm -rf "$L"
 fi
 stamp done

@@ -113,11 +113,7 @@ struct DecodeParams {
 template <int kD> struct DecodeTraits;
 struct DecodeTraitsBase { static constexpr int kVSplits = 1; };
 template <> struct DecodeTraits<64> : DecodeTraitsBase { static constexpr int kStages = 4, kMinBlocks = 3, kMinBlocksFp8 = 4; };  // 78 KB/CTA; float8 43 KB
-#ifdef FA_DECODE_DEEP  // probe: one CTA per SM with a FA_DECODE_DEEP-slot ring per warp
-template <> struct DecodeTraits<128> : DecodeTraitsBase { static constexpr int kStages = FA_DECODE_DEEP, kMinBlocks = 1, kMinBlocksFp8 = 3; };
-#else
 template <> struct DecodeTraits<128> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 2, kMinBlocksFp8 = 3; };  // 109 KB/CTA; float8 60 KB
-#endif
 template <> struct DecodeTraits<256> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 1, kMinBlocksFp8 = 1; };  // 211 KB/CTA; float8 113 KB
 // 2 stages: 3 would pass the 227 KB limit (384: 234 KB).  512: 212 KB/CTA; 384: 160 KB/CTA.
 template <> struct DecodeTraits<384> { static constexpr int kStages = 2, kMinBlocks = 1, kMinBlocksFp8 = 0, kVSplits = 2; };
@@ -146,6 +142,23 @@ struct DecodeSmem {
 };
 
 __device__ __forceinline__ u32 lane_id() { return threadIdx.x & 31; }
+
+// FA_DECODE_L2_PREFETCH (a tuning switch for device probes: 0, 64, 128 or 256): the K/V copies'
+// L2 prefetch size (cp.async's .L2::<n>B qualifier), so each L2 miss fetches that many bytes
+// of the 256-byte key row from DRAM at once.
+#ifndef FA_DECODE_L2_PREFETCH
+#define FA_DECODE_L2_PREFETCH 0
+#endif
+__device__ __forceinline__ void cp_async_kv(u32 smem_addr, const void* src, bool pred) {
+#if FA_DECODE_L2_PREFETCH == 0
+  cp_async_16(smem_addr, src, pred);
+#else
+#define FA_STR2(x) #x
+#define FA_STR(x) FA_STR2(x)
+  asm volatile("cp.async.cg.shared.global.L2::" FA_STR(FA_DECODE_L2_PREFETCH) "B [%0], [%1], 16, %2;"
+               ::"r"(smem_addr), "l"(src), "r"(pred ? 16 : 0) : "memory");
+#endif
+}
 
 // Float8 K/V with bfloat16 queries (the tensor cores run in float16): each of the CTA's 16 Q
 // rows in shared memory is rewritten in place as float16 of q * 2^-e, e per row such that the
@@ -458,8 +471,8 @@ __device__ void flash_decode(const DecodeParams& dp) {
         const i64 o = __shfl_sync(0xffffffffu, off, r);
         const bool ok = o >= 0 && c * 16 < hd;  // hd % 16 == 0 (the host's rule): whole chunks
         const i64 e = ok ? o + kv_head_off + c * 16 : 0;
-        cp_async_16(kdst + r * Sm::kRowBytes8 + c * 16, kb + e, ok);
-        cp_async_16(vdst + r * Sm::kRowBytes8 + c * 16, vb + e, ok);
+        cp_async_kv(kdst + r * Sm::kRowBytes8 + c * 16, kb + e, ok);
+        cp_async_kv(vdst + r * Sm::kRowBytes8 + c * 16, vb + e, ok);
       }
     } else if constexpr (kVSplits == 1) {  // K and V rows alike: one address per chunk for both
 #pragma unroll
@@ -468,8 +481,8 @@ __device__ void flash_decode(const DecodeParams& dp) {
         const i64 o = __shfl_sync(0xffffffffu, off, r);
         const bool ok = o >= 0 && c * 8 < hd;
         const i64 e = ok ? o + kv_head_off + c * 8 : 0;
-        cp_async_16(kdst + r * Sm::kRowBytes + c * 16, p.k + e, ok);
-        cp_async_16(vdst + r * Sm::kRowBytes + c * 16, p.v + e, ok);
+        cp_async_kv(kdst + r * Sm::kRowBytes + c * 16, p.k + e, ok);
+        cp_async_kv(vdst + r * Sm::kRowBytes + c * 16, p.v + e, ok);
       }
     } else {  // K: whole rows; V: this CTA's kDV columns from v_col0
       // Unrolled by 4, not fully: 32 + 16 unrolled copies (D = 512) held their addresses at
@@ -479,7 +492,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
         const int idx = lane + 32 * i, r = idx / kChunks, c = idx % kChunks;
         const i64 o = __shfl_sync(0xffffffffu, off, r);
         const bool ok = o >= 0 && c * 8 < hd;
-        cp_async_16(kdst + r * Sm::kRowBytes + c * 16, p.k + (ok ? o + kv_head_off + c * 8 : 0), ok);
+        cp_async_kv(kdst + r * Sm::kRowBytes + c * 16, p.k + (ok ? o + kv_head_off + c * 8 : 0), ok);
       }
 #pragma unroll 4
       for (int i = 0; i < kChunksV / 2; ++i) {
@@ -487,7 +500,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
         const i64 o = __shfl_sync(0xffffffffu, off, r);
         const bool ok = o >= 0 && c * 8 < hd_v;
         const i64 e = ok ? o + kv_head_off + v_col0 + c * 8 : 0;
-        cp_async_16(vdst + r * Sm::kRowBytesV + c * 16, p.v + e, ok);
+        cp_async_kv(vdst + r * Sm::kRowBytesV + c * 16, p.v + e, ok);
       }
     }
   };
