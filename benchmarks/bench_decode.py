@@ -5,8 +5,8 @@ laid out contiguously, all in one process, plus a device-to-device copy for the 
 Every row reports four measurements (docs/performance.md, "The four measurements"), ours next to
 the same measurement of each peer, after warm-up:
 * one call, start to end (`us_call`): CUDA events recorded around the Python call as a user
-  makes it, on an idle GPU with a flushed L2 (a 1 GiB memset, waited for), so host work and
-  kernels are both inside; median of CALL_REPS with a synchronisation between them.  GB/s,
+  makes it, on an idle GPU with a flushed L2 (measure.L2Flush, waited for: a 1 GiB memset then
+  a 256 MB read, so the L2 holds clean lines of other data), so host work and kernels are both inside; median of CALL_REPS with a synchronisation between them.  GB/s,
   `frac` and `ratio_<peer>` (ours time / theirs, below 1 = ours faster) come from it.
 * back to back (`us_b2b`): wall time per call of `b2b_calls` calls with one synchronisation
   at the end (no L2 flush in between).
@@ -15,8 +15,9 @@ the same measurement of each peer, after warm-up:
   timed like one call.  `graph_err` = max|replayed - eager| after poisoning the captured
   output with NaN (0 = the graph recomputes the whole output).
 * kernel only (`us_kernel`): ours through the decode launcher (no front end), torch's SDPA
-  call; a 1 GiB memset before each call flushes the 60 MB L2 and keeps the GPU busy while
-  the host prepares the call, so host work is not timed.
+  call; the L2 flush before each call keeps the GPU busy while the host prepares the call, so
+  host work is not timed.  (--flush memset: the memset alone, the method before stop 36, which
+  leaves ~50 MB of dirty lines for the timed call to write back.)
 
 --kv bf16,fp8 adds rows over a float8 e4m3 cache (uint8 bytes with kv_cache_dtype="fp8", made
 by our quantizing append from the same bf16 K/V, one scale per tensor): its bytes are half, so
@@ -82,19 +83,17 @@ def fill_random(a, rng_seed=0):
 
 
 class Timer:
-    """The timings of one provider (measure.py has the shared primitives).  Owns a 1 GiB
-    buffer whose memset flushes the 60 MB L2 before a timed call."""
+    """The timings of one provider (measure.py has the shared primitives).  Owns the L2 flush
+    run before a timed call (measure.L2Flush: "clean" by default, "memset" the method before
+    stop 36)."""
 
-    def __init__(self):
-        self.flush_buf = cupy.empty(1 << 30, dtype=np.uint8)
-
-    def flush(self):
-        cupy.cuda.runtime.memsetAsync(self.flush_buf.data.ptr, 0, self.flush_buf.nbytes, 0)
+    def __init__(self, flush: str = "clean"):
+        self.flush = measure.L2Flush(flush)
 
     def kernel(self, fn, reps=KERNEL_REPS, warmup=2):
         """Median seconds of GPU work of fn: events around each call, each call preceded by
-        the flush memset, which keeps the GPU busy while the host prepares the call (so the
-        host work of a call shorter than the memset, ~300 us, is not timed)."""
+        the flush, which keeps the GPU busy while the host prepares the call (so the host work
+        of a call shorter than the flush, ~350 us, is not timed)."""
         for _ in range(warmup):
             fn()
         evs = []
@@ -390,7 +389,7 @@ def write_outputs(rows, copy_bw, out):
 def bench(args):
     import torch  # noqa: F401 -- the peers; fail early when torch is missing
 
-    timer = Timer()
+    timer = Timer(args.flush)
     copy_bw = copy_bandwidth(timer)
     print(f"copy bandwidth (read+write): {copy_bw / 1e9:.0f} GB/s", flush=True)
     pages = [int(x) for x in args.pages.split(",")]
@@ -511,6 +510,8 @@ def main(argv=None):
     ap.add_argument("--kv", default="bf16",
                     help="K/V formats of our rows: bf16, fp8 (e4m3 bytes), fp8_e5m2; e.g. bf16,fp8")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--flush", default="clean", choices=("clean", "memset"),
+                    help="L2 flush before a timed call (measure.L2Flush; default %(default)s)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     args = ap.parse_args(argv)
     t0 = time.time()

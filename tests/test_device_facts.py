@@ -25,18 +25,18 @@ def _prefill_smem(t):
 
 
 def _decode_smem(d, stages, v_splits=1):
-    """Q (16 padded rows) + max(4 warps x stages x (K + V) 16-row tiles, fp32 merge buffer); a
-    V-split CTA's V tiles and merge rows hold d / v_splits columns."""
+    """Q (16 rows padded by 16 bytes) + max(4 warps x stages x (K + V) 16-row tiles of unpadded
+    (swizzled) rows, fp32 merge buffer); a V-split CTA's V tiles and merge rows hold
+    d / v_splits columns."""
     dv = d // v_splits
-    row, row_v = (d + 8) * 2, (dv + 8) * 2
-    return 16 * row + max(4 * stages * 16 * (row + row_v), 4 * 16 * (dv + 8) * 4)
+    return 16 * (d + 8) * 2 + max(4 * stages * 16 * (d + dv) * 2, 4 * 16 * (dv + 8) * 4)
 
 
 def _decode_smem_fp8(d, stages):
     """Float8 K/V: Q (16 padded 16-bit rows) + max(4 warps x stages x (K + V) 16-row tiles of
-    float8 rows padded by 16 bytes, fp32 merge buffer) -- no float16 staging tile (the direct
-    fragments read the float8 ring)."""
-    return 16 * (d + 8) * 2 + max(4 * stages * 2 * 16 * (d + 16), 4 * 16 * (d + 8) * 4)
+    unpadded float8 rows, fp32 merge buffer) -- no float16 staging tile (the direct fragments
+    read the float8 ring)."""
+    return 16 * (d + 8) * 2 + max(4 * stages * 2 * 16 * d, 4 * 16 * (d + 8) * 4)
 
 
 @pytest.mark.parametrize("d", cc.HEAD_DIM_BUCKETS)

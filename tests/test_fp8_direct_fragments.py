@@ -19,6 +19,46 @@ ROWS = 16  # keys per tile (kDecodeTileN) and query rows (kDecodeRows)
 Q_WORD_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # q_words_for_fp8: new word w = old word Q_WORD_ORDER[w]
 
 
+def ring_offset(row_bytes: int, r: int, c: int) -> int:
+    """flash_decode.cu ring_offset: byte offset of 16-byte chunk c of ring row r (rows of
+    row_bytes, unpadded), the chunk index XOR r % 8 (rows of >= 128 bytes) or (r / 2) % 4
+    (64-byte rows)."""
+    chunks = row_bytes // 16
+    x = (r & 7) if chunks >= 8 else ((r >> 1) & 3)
+    return r * row_bytes + 16 * (c ^ x)
+
+
+def ring_of(rows: np.ndarray) -> np.ndarray:
+    """A ring tile as the cp.async copies leave it: chunk c of row r at ring_offset(r, c)."""
+    n, row_bytes = rows.shape
+    ring = np.full(n * row_bytes, -1, np.int64)
+    for r in range(n):
+        for c in range(row_bytes // 16):
+            o = ring_offset(row_bytes, r, c)
+            assert (ring[o: o + 16] == -1).all(), "two chunks share a place"
+            ring[o: o + 16] = rows[r, 16 * c: 16 * c + 16]
+    return ring
+
+
+@pytest.mark.parametrize("row_bytes", [64, 128, 256, 384, 512, 768, 1024])
+def test_ring_swizzle_keeps_lines_and_banks(row_bytes):
+    """Every 128-byte piece of a row that starts a line fills one aligned 128-byte line of the
+    ring (the copies' shared-memory side; 64-byte rows: two rows per line), and the 8 rows of
+    an ldmatrix phase (r0 .. r0 + 7, r0 % 8 == 0) at one logical chunk fall in 8 different
+    16-byte bank groups."""
+    for r in range(16):
+        for c0 in range(0, max(row_bytes // 16, 8), 8):
+            if row_bytes >= 128:
+                lines = {ring_offset(row_bytes, r, c) // 128 for c in range(c0, c0 + 8)}
+                assert len(lines) == 1 and ring_offset(row_bytes, r, c0) // 128 * 128 % 128 == 0
+    if row_bytes == 64:  # rows 2i, 2i + 1 share line i
+        assert {ring_offset(64, r, c) // 128 for r in (4, 5) for c in range(4)} == {2}
+    for r0 in (0, 8):
+        for c in range(row_bytes // 16):
+            groups = {(ring_offset(row_bytes, r0 + i, c) // 16) % 8 for i in range(8)}
+            assert len(groups) == 8
+
+
 def ldmatrix_x4(ring: np.ndarray, row_bytes: int, lane_addr, trans: bool) -> np.ndarray:
     """regs[lane][i] as 4 bytes, for byte offsets lane_addr(l) of the 32 row starts (16 bytes
     each; lanes 8i .. 8i + 7 give matrix i's rows 0-7).  16-bit element [r][c] of matrix i is
@@ -69,19 +109,17 @@ def fp8_direct_column(n, tq, e):
 @pytest.mark.parametrize("D", [64, 128, 256])
 def test_direct_fragments_compute_s_and_o(D):
     rng = np.random.default_rng(D)
-    row_bytes = D + 16  # DecodeSmem::kRowBytes8 with the direct path
+    row_bytes = D  # DecodeSmem::kRowBytesK of float8 K/V: unpadded, swizzled (ring_offset)
     k = rng.integers(0, 256, (ROWS, D))  # a byte per element; its "value" is the byte itself
     v = rng.integers(0, 256, (ROWS, D))
     q = rng.standard_normal((ROWS, D))
     p = rng.standard_normal((ROWS, ROWS))
-    ring_k = np.zeros((ROWS, row_bytes), np.int64)
-    ring_v = np.zeros((ROWS, row_bytes), np.int64)
-    ring_k[:, :D], ring_v[:, :D] = k, v
+    ring_k, ring_v = ring_of(k), ring_of(v)
 
-    # The lane's ldmatrix row address (lrow8): key (lane & 7) + 8 ((lane >> 3) & 1), 16 bytes in
-    # for lanes 16-31; + 32 bytes per column block.
+    # The lane's ldmatrix row address: key lr8 = (lane & 7) + 8 ((lane >> 3) & 1), chunk
+    # 2 block + (lane >> 4), through the swizzle.
     def addr(block):
-        return lambda l: ((l & 7) + 8 * ((l >> 3) & 1)) * row_bytes + (l >> 4) * 16 + 32 * block
+        return lambda l: ring_offset(row_bytes, (l & 7) + 8 * ((l >> 3) & 1), 2 * block + (l >> 4))
 
     # Q in shared memory, word-permuted per 16-element block; the A fragment is the standard one.
     q_perm = q.reshape(ROWS, D // 16, 8, 2)[:, :, Q_WORD_ORDER, :].reshape(ROWS, D)
@@ -130,4 +168,8 @@ def test_the_kernel_source_has_the_modelled_constants():
     assert "v[0] = a[1]; v[1] = a[3]; v[2] = b[1]; v[3] = b[3];" in src
     assert "prmt.b32 %0, %1, 0, 0x3120;" in src
     assert "return 16 * (n >> 1) + 4 * tq + 2 * e + (n & 1);" in src
-    assert "((lane & 7) + 8 * ((lane >> 3) & 1)) * Sm::kRowBytes8 + (lane >> 4) * 16" in src
+    assert "lr8 = (lane & 7) + 8 * ((lane >> 3) & 1)" in src
+    assert "ring_offset<Sm::kRowBytesK>(lr8, 2 * kk2 + lhi)" in src
+    assert "ring_offset<Sm::kRowBytesV>(lr8, 2 * dd2 + lhi)" in src
+    assert "const int x = kChunks >= 8 ? (r & 7) : ((r >> 1) & 3);" in src
+    assert "return r * kRowBytes + ((c ^ x) << 4);" in src

@@ -6,10 +6,10 @@ bench_decode.py's kernel-only column), ours with the heuristic's split count and
 value, and torch SDPA cuDNN on the same K/V (bshd strided views, as bench_decode.py).  Two
 flushes before each timed call:
 
-* memset: bench_decode.py's 1 GiB memset.  It leaves the 50 MB L2 full of dirty lines, so the
-  timed call also pays their write-back (~17 us of DRAM writes at 3 TB/s) while it reads;
-* clean: the same memset, then a read-only kernel over 256 MB, so the L2 holds clean lines of
-  other data: the call reads from DRAM, with nothing of the flush left to write back.
+* memset: a 1 GiB memset (bench_decode.py's flush before stop 36).  It leaves the 50 MB L2
+  full of dirty lines, so the timed call also pays their write-back while it reads;
+* clean: the same memset, then a read-only kernel over 256 MB (measure.L2Flush, bench_decode.py's
+  flush since): the L2 holds clean lines of other data, nothing of the flush to write back.
 
     CUPY_FLASHATTN_SM90_DEFINES=... PYTHONPATH=. python3 tools/decode_ring_probe.py \
         [--rows 64:4096,16:16384,1:4096,1:32768] [--splits 0,8,16,32] [--page 16] [--contig]
@@ -31,35 +31,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import cupy  # noqa: E402
 
-_READ_SRC = r"""
-extern "C" __global__ void read_all(const uint4* __restrict__ a, long long n, unsigned* sink) {
-  unsigned acc = 0;
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-       i += (long long)gridDim.x * blockDim.x) {
-    const uint4 v = __ldcg(a + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9e3779b9u) *sink = acc;  // keeps the loads alive; (almost) never taken
-}
-"""
-
-
-class Flushes:
-    def __init__(self):
-        self.buf = cupy.empty(1 << 30, dtype=np.uint8)
-        self.clean_buf = cupy.ones(256 << 20, dtype=np.uint8)
-        self.sink = cupy.zeros(1, dtype=np.uint32)
-        self.read = cupy.RawKernel(_READ_SRC, "read_all")
-
-    def memset(self):
-        cupy.cuda.runtime.memsetAsync(self.buf.data.ptr, 0, self.buf.nbytes, 0)
-
-    def clean(self):
-        self.memset()
-        n = self.clean_buf.nbytes // 16
-        self.read((132 * 8,), (256,), (self.clean_buf, np.int64(n), self.sink))
-
-
 def kernel_time(fn, before, reps=12, warmup=2):
     for _ in range(warmup):
         fn()
@@ -80,6 +51,7 @@ def main(argv=None):
 
     import cupy_flashattn as fa
     from bench_decode import fill_random, torch_sdpa
+    from measure import L2Flush
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="64:4096,16:16384,1:4096,1:32768")
@@ -90,7 +62,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     H, Hk, D, P = 32, 8, 128, args.page
     bf16 = ml_dtypes.bfloat16
-    fl = Flushes()
+    memset, clean = L2Flush("memset"), L2Flush("clean")
     tag = os.environ.get("CUPY_FLASHATTN_SM90_DEFINES", "") or "default"
     rng = np.random.default_rng(0)
     for row in args.rows.split(","):
@@ -123,7 +95,7 @@ def main(argv=None):
             if ref is None:
                 ref = o.astype(np.float32)
             err = float(cupy.abs(o.astype(np.float32) - ref).max())
-            tm, tc = kernel_time(step, fl.memset), kernel_time(step, fl.clean)
+            tm, tc = kernel_time(step, memset), kernel_time(step, clean)
             cells.append(f"s={s or 'auto'}: {tm:.1f}/{tc:.1f} (err {err:.1e})")
         if not args.no_peer:
             try:
@@ -132,8 +104,8 @@ def main(argv=None):
                 kc = k.view(np.uint16)[idx].view(bf16).reshape(B, per * P, Hk, D)[:, :ctx]
                 vc = v.view(np.uint16)[idx].view(bf16).reshape(B, per * P, Hk, D)[:, :ctx]
                 run, o = torch_sdpa(q, kc, vc, "cudnn")
-                tm, tc = kernel_time(run, fl.memset), kernel_time(run, fl.clean)
-                err = float(cupy.abs(cupy.asarray(o).astype(np.float32) - ref).max())
+                tm, tc = kernel_time(run, memset), kernel_time(run, clean)
+                err = float(cupy.abs(cupy.asarray(o.float().contiguous()) - ref).max())
                 cells.append(f"cuDNN: {tm:.1f}/{tc:.1f} (err {err:.1e})")
                 del kc, vc
             except Exception as e:  # pragma: no cover -- no torch on this machine

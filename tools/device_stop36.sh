@@ -14,6 +14,9 @@
 #     3. tools/decode_ring_probe.py for each of $PREFETCHES, and contiguous;
 #     4. tools/quickbench_sm90.py on the paged rows (D = 256 on 80-key tiles).
 #     Logs in $OUT/logs.tgz.
+#   MODE=check: after a decode kernel change -- the whole GPU suite in shards, the sanitizers,
+#     ncu raw metrics of our decode kernel (page 16, contiguous), the ring probe (memset / clean
+#     flush, cuDNN beside), then bench_decode.py ($DROWS, pages $DPAGES); logs.tgz and bench.tgz.
 # The device call brings back at most 8 files from $OUT.
 set -u
 OUT=${OUT:-/tmp/fa_stop36}; mkdir -p "$OUT"
@@ -67,5 +70,29 @@ if [ "$mode" = probe2 ]; then
     --rows "${QB_ROWS:-256,2048,0;256,4096,0;256,4096,1;128,512,0;128,2048,0}" 2>&1 \
     | tee "$L/quickbench.txt" | grep -v "^#"
   tar -C "$OUT" -czf "$OUT/logs.tgz" logs && rm -rf "$L"
+fi
+if [ "$mode" = check ]; then
+  L="$OUT/logs"; mkdir -p "$L"
+  OUT="$L" bash tools/gpu_suite_parallel.sh
+  stamp "sanitize"
+  OUT="$L" TOOL_TIMEOUT=${TOOL_TIMEOUT:-120} bash tools/sanitize.sh ${TOOLS:-memcheck racecheck} 2>&1 | tail -n 4
+  M=gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum,lts__t_requests_srcunit_tex_op_read.sum,sm__inst_executed.sum
+  for c in "p16:" "contig:--contig"; do
+    IFS=: read -r tag extra <<< "$c"
+    stamp "ncu metrics $tag"
+    timeout 90 ncu --clock-control none --kernel-name regex:decode_bf16 --launch-skip 3 --launch-count 1 \
+      --metrics "$M" python3 tools/decode_ring_probe.py --rows 64:4096 --splits 0 --no-peer $extra \
+      > "$L/ncu_$tag.txt" 2>&1
+    grep -E "^\s+(gpu__|dram__|lts__|sm__)" "$L/ncu_$tag.txt" | sed "s/^/$tag /"
+  done
+  stamp "ring probe"
+  timeout 120 python3 tools/decode_ring_probe.py --splits 0,16 2>&1 | tee "$L/ring_probe.txt" | grep -v "^#"
+  tar -C "$OUT" -czf "$OUT/logs.tgz" logs && rm -rf "$L"
+  R="$OUT/bench"; mkdir -p "$R"
+  stamp "bench_decode"
+  timeout ${DECODE_TIMEOUT:-200} python3 benchmarks/bench_decode.py --rows ${DROWS:-64:4096,16:16384,1:512,1:4096,1:32768} \
+    --heads 32/8 --pages ${DPAGES:-16,256} --out "$R" > "$R/bench_decode.txt" 2>&1
+  grep -v "^#" "$R/bench_decode.txt" | tail -n 16
+  tar -C "$OUT" -czf "$OUT/bench.tgz" bench && rm -rf "$R"
 fi
 stamp done

@@ -53,8 +53,8 @@
 // not depend on the order of d).  V: a transposed ldmatrix register holds (key 2t, columns
 // 2g, 2g + 1) and (key 2t + 1, the same columns); one PRMT pairs the keys per column, so one
 // mma takes the even columns of a 16-column block and the next the odd ones -- the epilogue
-// writes O's columns back in order (fp8_direct_column).  Ring rows are padded by 16 bytes so
-// the 8 row addresses of an ldmatrix hit 8 different bank groups.
+// writes O's columns back in order (fp8_direct_column).  The ring's rows are swizzled as the
+// 16-bit ones (ring_offset).
 //
 // FA_DECODE_FUSED_COMBINE (a tuning switch, on by default; =0 builds the kernel without it, the
 // A/B baseline of benchmarks): with split-KV, the last split CTA of each (query tile, kv head,
@@ -96,8 +96,7 @@ struct DecodeParams {
 };
 
 // Decode traits per head-dim bucket: kStages ring slots per warp.  Shared memory per CTA is
-// Q (16 rows) + 4 warps x kStages x (K + V tiles of 16 rows), rows padded by 16 bytes so that
-// the 8 row addresses of one ldmatrix phase fall in 8 different bank groups.
+// Q (16 rows) + 4 warps x kStages x (K + V tiles of 16 rows): DecodeSmem.
 // Little's law: ~4.8 TB/s x ~1.5 us / 132 SMs ~ 55 KB in flight per SM are needed; every
 // configuration below keeps >= 100 KB in flight per SM.
 // kVSplits (head dims 384 / 512, as the prefill's V-split, sm80/kernel_traits.cuh): a warp's O
@@ -112,27 +111,33 @@ struct DecodeParams {
 // CTAs would now also fit 5 at D = 64 and 2 at D = 256, not yet measured.)
 template <int kD> struct DecodeTraits;
 struct DecodeTraitsBase { static constexpr int kVSplits = 1; };
-template <> struct DecodeTraits<64> : DecodeTraitsBase { static constexpr int kStages = 4, kMinBlocks = 3, kMinBlocksFp8 = 4; };  // 78 KB/CTA; float8 43 KB
-template <> struct DecodeTraits<128> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 2, kMinBlocksFp8 = 3; };  // 109 KB/CTA; float8 60 KB
-template <> struct DecodeTraits<256> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 1, kMinBlocksFp8 = 1; };  // 211 KB/CTA; float8 113 KB
-// 2 stages: 3 would pass the 227 KB limit (384: 234 KB).  512: 212 KB/CTA; 384: 160 KB/CTA.
+template <> struct DecodeTraits<64> : DecodeTraitsBase { static constexpr int kStages = 4, kMinBlocks = 3, kMinBlocksFp8 = 4; };  // 66 KB/CTA; float8 35 KB
+template <> struct DecodeTraits<128> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 2, kMinBlocksFp8 = 3; };  // 100 KB/CTA; float8 52 KB
+template <> struct DecodeTraits<256> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 1, kMinBlocksFp8 = 1; };  // 200 KB/CTA; float8 104 KB
+// 2 stages: 3 would pass the 227 KB limit (384: 228 KB).  512: 208 KB/CTA; 384: 156 KB/CTA.
 template <> struct DecodeTraits<384> { static constexpr int kStages = 2, kMinBlocks = 1, kMinBlocksFp8 = 0, kVSplits = 2; };
 template <> struct DecodeTraits<512> { static constexpr int kStages = 2, kMinBlocks = 1, kMinBlocksFp8 = 0, kVSplits = 2; };
 
-// kKvBytes: bytes per K/V element (2; 1 for float8: each warp's ring then holds float8 rows of
-// kD + 16 bytes, which ldmatrix reads directly -- the padding, as the 16-bit rows', puts the 8
-// row addresses of one ldmatrix phase in 8 different bank groups).
+// The K / V ring holds unpadded rows (kD or kDV elements of kKvBytes bytes: 2, or 1 for
+// float8, which ldmatrix reads directly) whose 16-byte chunks are XOR-swizzled by row
+// (ring_offset), so that every cp.async of a 128-byte piece of a key row lands in one aligned
+// 128-byte line of shared memory, and the 8 row addresses of one ldmatrix phase (8 rows, one
+// chunk) still fall in 8 different bank groups.  Rows padded by 16 bytes, as before, did the
+// latter but split each row's lines across two: Nsight Compute counted 50.4 M L2 sectors read
+// for the 33.6 M a B = 64, context 4096 call needs (the L1 sent the copies as ~2.3-sector
+// requests, a third of them for sectors already requested; cuDNN's decode kernel, 33.6 M in
+// whole 128-byte requests) and 86% L2 throughput (stop 36, H100).  Q keeps padded rows (read once).
 template <int kD, int kKvBytes = 2>
 struct DecodeSmem {
   static constexpr int kDV = kD / DecodeTraits<kD>::kVSplits;  // V / O columns of a CTA
-  static constexpr int kRowBytes = (kD + 8) * 2;    // Q and K rows
-  static constexpr int kRowBytesV = (kDV + 8) * 2;  // V rows
-  static constexpr int kTileBytes = kDecodeTileN * kRowBytes;
-  static constexpr int kTileBytesV = kDecodeTileN * kRowBytesV;
-  static constexpr int kQBytes = kDecodeRows * kRowBytes;
-  static constexpr int kRowBytes8 = kD + 16;  // float8 K / V rows in the ring (see above)
-  static constexpr int kRingTileBytes = kKvBytes == 2 ? kTileBytes : kDecodeTileN * kRowBytes8;
-  static constexpr int kRingTileBytesV = kKvBytes == 2 ? kTileBytesV : kDecodeTileN * kRowBytes8;
+  static constexpr int kQRowBytes = (kD + 8) * 2;  // Q rows, padded by 16 bytes
+  static constexpr int kQBytes = kDecodeRows * kQRowBytes;
+  static constexpr int kRowBytesK = kD * kKvBytes;    // ring rows, unpadded (ring_offset)
+  static constexpr int kRowBytesV = kDV * kKvBytes;
+  static constexpr int kRingTileBytes = kDecodeTileN * kRowBytesK;
+  static constexpr int kRingTileBytesV = kDecodeTileN * kRowBytesV;
+  static_assert(kQBytes % 128 == 0 && kRingTileBytes % 128 == 0 && kRingTileBytesV % 128 == 0,
+                "ring tiles start on 128-byte lines");
   static constexpr int kStageBytes = kRingTileBytes + kRingTileBytesV;  // K then V
   static constexpr int kWarpBytes = DecodeTraits<kD>::kStages * kStageBytes;
   static constexpr int kMergeRow = kDV + 8;  // floats per row of the cross-warp merge buffer
@@ -143,22 +148,18 @@ struct DecodeSmem {
 
 __device__ __forceinline__ u32 lane_id() { return threadIdx.x & 31; }
 
-// FA_DECODE_L2_PREFETCH (a tuning switch for device probes: 0, 64, 128 or 256): the K/V copies'
-// L2 prefetch size (cp.async's .L2::<n>B qualifier), so each L2 miss fetches that many bytes
-// of the 256-byte key row from DRAM at once.
-#ifndef FA_DECODE_L2_PREFETCH
-#define FA_DECODE_L2_PREFETCH 0
-#endif
-__device__ __forceinline__ void cp_async_kv(u32 smem_addr, const void* src, bool pred) {
-#if FA_DECODE_L2_PREFETCH == 0
-  cp_async_16(smem_addr, src, pred);
-#else
-#define FA_STR2(x) #x
-#define FA_STR(x) FA_STR2(x)
-  asm volatile("cp.async.cg.shared.global.L2::" FA_STR(FA_DECODE_L2_PREFETCH) "B [%0], [%1], 16, %2;"
-               ::"r"(smem_addr), "l"(src), "r"(pred ? 16 : 0) : "memory");
-#endif
+// Byte offset in a ring tile of 16-byte chunk c of row r (rows of kRowBytes, DecodeSmem): the
+// chunk index XOR a row function that gives rows r0 .. r0 + 7 (r0 % 8 == 0) 8 different bank
+// groups for one logical chunk -- r % 8 for rows of >= 128 bytes; for 64-byte rows (float8
+// D = 64: two rows per 128 bytes), (r / 2) % 4, the rows' halves of a line doing the rest.
+template <int kRowBytes>
+__device__ __forceinline__ u32 ring_offset(int r, int c) {
+  constexpr int kChunks = kRowBytes / 16;
+  static_assert(kChunks % 8 == 0 || kChunks == 4, "ring rows of 64 bytes or a multiple of 128");
+  const int x = kChunks >= 8 ? (r & 7) : ((r >> 1) & 3);
+  return r * kRowBytes + ((c ^ x) << 4);
 }
+
 
 // Float8 K/V with bfloat16 queries (the tensor cores run in float16): each of the CTA's 16 Q
 // rows in shared memory is rewritten in place as float16 of q * 2^-e, e per row such that the
@@ -389,7 +390,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
   static_assert(!kFp8 || DecodeTraits<kD>::kMinBlocksFp8 * (Sm::kBytes + 2048) <= 228 * 1024,
                 "float8 decode: kMinBlocksFp8 CTAs do not fit one SM");
   const FwdParams& p = dp.f;
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem[];  // 128: ring lines (DecodeSmem)
   __shared__ float s_m[kDecodeWarps][kDecodeRows], s_l[kDecodeWarps][kDecodeRows];
   __shared__ float s_rowm[kDecodeRows], s_rowl[kDecodeRows];
 
@@ -445,7 +446,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
     const bool ok = pr < rows_total && c * 8 < hd;
     const u16* src = p.q;
     if (ok) src = p.q + (i64)(q_start + pr / g) * p.q_row_stride + (i64)(hk * g + pr % g) * p.q_head_stride + c * 8;
-    cp_async_16(q_smem + r * Sm::kRowBytes + c * 16, src, ok);
+    cp_async_16(q_smem + r * Sm::kQRowBytes + c * 16, src, ok);
   }
   cp_async_commit();
 
@@ -471,8 +472,8 @@ __device__ void flash_decode(const DecodeParams& dp) {
         const i64 o = __shfl_sync(0xffffffffu, off, r);
         const bool ok = o >= 0 && c * 16 < hd;  // hd % 16 == 0 (the host's rule): whole chunks
         const i64 e = ok ? o + kv_head_off + c * 16 : 0;
-        cp_async_kv(kdst + r * Sm::kRowBytes8 + c * 16, kb + e, ok);
-        cp_async_kv(vdst + r * Sm::kRowBytes8 + c * 16, vb + e, ok);
+        cp_async_16(kdst + ring_offset<Sm::kRowBytesK>(r, c), kb + e, ok);
+        cp_async_16(vdst + ring_offset<Sm::kRowBytesV>(r, c), vb + e, ok);
       }
     } else if constexpr (kVSplits == 1) {  // K and V rows alike: one address per chunk for both
 #pragma unroll
@@ -481,8 +482,8 @@ __device__ void flash_decode(const DecodeParams& dp) {
         const i64 o = __shfl_sync(0xffffffffu, off, r);
         const bool ok = o >= 0 && c * 8 < hd;
         const i64 e = ok ? o + kv_head_off + c * 8 : 0;
-        cp_async_kv(kdst + r * Sm::kRowBytes + c * 16, p.k + e, ok);
-        cp_async_kv(vdst + r * Sm::kRowBytes + c * 16, p.v + e, ok);
+        cp_async_16(kdst + ring_offset<Sm::kRowBytesK>(r, c), p.k + e, ok);
+        cp_async_16(vdst + ring_offset<Sm::kRowBytesV>(r, c), p.v + e, ok);
       }
     } else {  // K: whole rows; V: this CTA's kDV columns from v_col0
       // Unrolled by 4, not fully: 32 + 16 unrolled copies (D = 512) held their addresses at
@@ -492,7 +493,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
         const int idx = lane + 32 * i, r = idx / kChunks, c = idx % kChunks;
         const i64 o = __shfl_sync(0xffffffffu, off, r);
         const bool ok = o >= 0 && c * 8 < hd;
-        cp_async_kv(kdst + r * Sm::kRowBytes + c * 16, p.k + (ok ? o + kv_head_off + c * 8 : 0), ok);
+        cp_async_16(kdst + ring_offset<Sm::kRowBytesK>(r, c), p.k + (ok ? o + kv_head_off + c * 8 : 0), ok);
       }
 #pragma unroll 4
       for (int i = 0; i < kChunksV / 2; ++i) {
@@ -500,7 +501,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
         const i64 o = __shfl_sync(0xffffffffu, off, r);
         const bool ok = o >= 0 && c * 8 < hd_v;
         const i64 e = ok ? o + kv_head_off + v_col0 + c * 8 : 0;
-        cp_async_kv(vdst + r * Sm::kRowBytesV + c * 16, p.v + e, ok);
+        cp_async_16(vdst + ring_offset<Sm::kRowBytesV>(r, c), p.v + e, ok);
       }
     }
   };
@@ -545,19 +546,21 @@ __device__ void flash_decode(const DecodeParams& dp) {
   float s_factor[2] = {k_scale, k_scale};
   if constexpr (kFp8 && !Elem::kIsF16) {
     __shared__ float row_factor[kDecodeRows];
-    q_bf16_to_f16_rows<kD, Sm::kRowBytes>(q_smem, row_factor);
+    q_bf16_to_f16_rows<kD, Sm::kQRowBytes>(q_smem, row_factor);
     __syncthreads();
     s_factor[0] *= row_factor[ra];
     s_factor[1] *= row_factor[ra + 8];
   }
   if constexpr (kFp8) {
-    q_words_for_fp8<kD, Sm::kRowBytes>(q_smem);
+    q_words_for_fp8<kD, Sm::kQRowBytes>(q_smem);
     __syncthreads();
   }
-  // Float8 K/V: this lane's ldmatrix row address in a ring slot -- matrices 0-3 are
-  // (keys 0-7, bytes 0-15), (keys 8-15, bytes 0-15), (keys 0-7, 16-31), (keys 8-15, 16-31) of
-  // a 32-byte column block.
-  const u32 lrow8 = ((lane & 7) + 8 * ((lane >> 3) & 1)) * Sm::kRowBytes8 + (lane >> 4) * 16;
+  // This lane's ldmatrix row and chunk half (lr, lhi): 16-bit tiles take matrices (rows 0-7,
+  // chunk 2k), (rows 8-15, 2k), (0-7, 2k + 1), (8-15, 2k + 1) from lanes 0-7, 8-15, 16-23,
+  // 24-31; float8 K/V (lr8) (keys 0-7, bytes 0-15), (keys 8-15, bytes 0-15), (keys 0-7,
+  // 16-31), (keys 8-15, 16-31) of a 32-byte column block.
+  const int lr = lane & 15, lhi = lane >> 4, lr8 = (lane & 7) + 8 * ((lane >> 3) & 1);
+  const u32 lrow_q = lr * Sm::kQRowBytes + lhi * 16;
 
   // ---- Main loop over this warp's tiles. ---------------------------------------------------
   for (int j = 0; j < n_mine; ++j) {
@@ -575,7 +578,6 @@ __device__ void flash_decode(const DecodeParams& dp) {
     // are skipped (uniform branch).
     float s[1][2][4];
     zero_fragments(s);
-    const u32 lrow = (lane & 15) * Sm::kRowBytes + (lane >> 4) * 16;
     if constexpr (kFp8) {
       // Two k-steps per ldmatrix: kb[0] / kb[1] keys 0-7 / 8-15 of k-step 2 kk2, kb[2] / kb[3]
       // of k-step 2 kk2 + 1; each register's bytes 0-1 / 2-3 are the B fragment's halves.
@@ -583,13 +585,13 @@ __device__ void flash_decode(const DecodeParams& dp) {
       for (int kk2 = 0; kk2 < kD / 32; ++kk2) {
         if (kk2 * 32 < hd) {
           u32 kb[4];
-          ldmatrix_x4(kb, ks + lrow8 + kk2 * 32);
+          ldmatrix_x4(kb, ks + ring_offset<Sm::kRowBytesK>(lr8, 2 * kk2 + lhi));
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int kk = 2 * kk2 + half;
             if (kk * 16 < hd) {
               u32 qa[4];
-              ldmatrix_x4(qa, q_smem + lrow + kk * 32);
+              ldmatrix_x4(qa, q_smem + lrow_q + kk * 32);
               const u32 k0 = kb[2 * half], k1 = kb[2 * half + 1];
               Mma::mma(s[0][0], qa, Kv::template to_f16x2<0>(k0), Kv::template to_f16x2<1>(k0));
               Mma::mma(s[0][1], qa, Kv::template to_f16x2<0>(k1), Kv::template to_f16x2<1>(k1));
@@ -602,8 +604,8 @@ __device__ void flash_decode(const DecodeParams& dp) {
       for (int kk = 0; kk < kD / 16; ++kk) {
         if (kk * 16 < hd) {
           u32 qa[4], kb[4];
-          ldmatrix_x4(qa, q_smem + lrow + kk * 32);
-          ldmatrix_x4(kb, ks + lrow + kk * 32);
+          ldmatrix_x4(qa, q_smem + lrow_q + kk * 32);
+          ldmatrix_x4(kb, ks + ring_offset<Sm::kRowBytesK>(lr, 2 * kk + lhi));
           Mma::mma(s[0][0], qa, kb[0], kb[2]);  // keys 0-7
           Mma::mma(s[0][1], qa, kb[1], kb[3]);  // keys 8-15
         }
@@ -628,14 +630,13 @@ __device__ void flash_decode(const DecodeParams& dp) {
     pa[1] = Mma::pack(s[0][0][2], s[0][0][3]);
     pa[2] = Mma::pack(s[0][1][0], s[0][1][1]);
     pa[3] = Mma::pack(s[0][1][2], s[0][1][3]);
-    const u32 lrow_v = (lane & 15) * Sm::kRowBytesV + (lane >> 4) * 16;  // = lrow unless V-split
     if constexpr (kFp8) {
       // vb[0] / vb[1]: keys 0-7 / 8-15 of columns 32 dd2 .. + 15; vb[2] / vb[3] of the next 16.
 #pragma unroll
       for (int dd2 = 0; dd2 < kDV / 32; ++dd2) {
         if (dd2 * 32 < hd_v) {
           u32 vb[4];
-          ldmatrix_x4_trans(vb, vs + lrow8 + dd2 * 32);
+          ldmatrix_x4_trans(vb, vs + ring_offset<Sm::kRowBytesV>(lr8, 2 * dd2 + lhi));
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int b = 2 * dd2 + half;  // 16-column block
@@ -653,7 +654,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
       for (int dd = 0; dd < kDV / 16; ++dd) {
         if (dd * 16 < hd_v) {
           u32 vb[4];
-          ldmatrix_x4_trans(vb, vs + lrow_v + dd * 32);
+          ldmatrix_x4_trans(vb, vs + ring_offset<Sm::kRowBytesV>(lr, 2 * dd + lhi));
           Mma::mma(o[0][2 * dd], pa, vb[0], vb[1]);
           Mma::mma(o[0][2 * dd + 1], pa, vb[2], vb[3]);
         }
