@@ -91,8 +91,8 @@ if [ "$mode" = check ]; then
   R="$OUT/bench"; mkdir -p "$R"
   stamp "bench_decode"
   timeout ${DECODE_TIMEOUT:-200} python3 benchmarks/bench_decode.py --rows ${DROWS:-64:4096,16:16384,1:512,1:4096,1:32768} \
-    --heads 32/8 --pages ${DPAGES:-16,256} --out "$R" > "$R/bench_decode.txt" 2>&1
-  grep -v "^#" "$R/bench_decode.txt" | tail -n 16
+    --heads 32/8 --pages ${DPAGES:-16,256} --kv ${DKV:-bf16,fp8} --out "$R" > "$R/bench_decode.txt" 2>&1
+  grep -v "^#" "$R/bench_decode.txt" | tail -n 24
   tar -C "$OUT" -czf "$OUT/bench.tgz" bench && rm -rf "$R"
 fi
 stamp done
