@@ -17,6 +17,9 @@
 #   MODE=check: after a decode kernel change -- the whole GPU suite in shards, the sanitizers,
 #     ncu raw metrics of our decode kernel (page 16, contiguous), the ring probe (memset / clean
 #     flush, cuDNN beside), then bench_decode.py ($DROWS, pages $DPAGES); logs.tgz and bench.tgz.
+#   MODE=final: MODE=check, then the prefill benchmarks of record for issues 12 / 15 --
+#     bench.py bf16 D $DIMS S $SEQS (dense, sm80, varlen, paged 16 / 256) and bench_varlen.py,
+#     into bench.tgz too.
 # The device call brings back at most 8 files from $OUT.
 set -u
 OUT=${OUT:-/tmp/fa_stop36}; mkdir -p "$OUT"
@@ -71,7 +74,7 @@ if [ "$mode" = probe2 ]; then
     | tee "$L/quickbench.txt" | grep -v "^#"
   tar -C "$OUT" -czf "$OUT/logs.tgz" logs && rm -rf "$L"
 fi
-if [ "$mode" = check ]; then
+if [ "$mode" = check ] || [ "$mode" = final ]; then
   L="$OUT/logs"; mkdir -p "$L"
   OUT="$L" bash tools/gpu_suite_parallel.sh
   stamp "sanitize"
@@ -93,6 +96,15 @@ if [ "$mode" = check ]; then
   timeout ${DECODE_TIMEOUT:-200} python3 benchmarks/bench_decode.py --rows ${DROWS:-64:4096,16:16384,1:512,1:4096,1:32768} \
     --heads 32/8 --pages ${DPAGES:-16,256} --kv ${DKV:-bf16,fp8} --out "$R" > "$R/bench_decode.txt" 2>&1
   grep -v "^#" "$R/bench_decode.txt" | tail -n 24
+  if [ "$mode" = final ]; then
+    stamp "bench.py"
+    timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/bench.py --dims ${DIMS:-128,256} \
+      --seqs ${SEQS:-512,2048,4096} --dtypes bf16 --out "$R" > "$R/bench.txt" 2>&1
+    grep -h "^| bf16" "$R"/*.md | grep -E "dense \||paged" | cut -d'|' -f2-10
+    stamp "bench_varlen"
+    timeout 90 python3 benchmarks/bench_varlen.py --out "$R" > "$R/bench_varlen.txt" 2>&1
+    tail -n 6 "$R/bench_varlen.txt"
+  fi
   tar -C "$OUT" -czf "$OUT/bench.tgz" bench && rm -rf "$R"
 fi
 stamp done
