@@ -18,8 +18,8 @@
 #     ncu raw metrics of our decode kernel (page 16, contiguous), the ring probe (memset / clean
 #     flush, cuDNN beside), then bench_decode.py ($DROWS, pages $DPAGES); logs.tgz and bench.tgz.
 #   MODE=final: MODE=check, then the prefill benchmarks of record for issues 12 / 15 --
-#     bench.py bf16 D $DIMS S $SEQS (dense, sm80, varlen, paged 16 / 256) and bench_varlen.py,
-#     into bench.tgz too.
+#     bench.py bf16 for each D:S of $BENCH_SETS (dense, sm80, varlen, paged 16 / 256) and
+#     bench_varlen.py, into bench.tgz too.  NCU=0 / PROBE=0 skip those parts of the check.
 # The device call brings back at most 8 files from $OUT.
 set -u
 OUT=${OUT:-/tmp/fa_stop36}; mkdir -p "$OUT"
@@ -80,7 +80,7 @@ if [ "$mode" = check ] || [ "$mode" = final ]; then
   stamp "sanitize"
   OUT="$L" TOOL_TIMEOUT=${TOOL_TIMEOUT:-120} bash tools/sanitize.sh ${TOOLS:-memcheck racecheck} 2>&1 | tail -n 4
   M=gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum,lts__t_requests_srcunit_tex_op_read.sum,sm__inst_executed.sum
-  for c in "p16:" "contig:--contig"; do
+  [ "${NCU:-1}" = 1 ] && for c in "p16:" "contig:--contig"; do
     IFS=: read -r tag extra <<< "$c"
     stamp "ncu metrics $tag"
     timeout 90 ncu --clock-control none --kernel-name regex:decode_bf16 --launch-skip 3 --launch-count 1 \
@@ -88,8 +88,10 @@ if [ "$mode" = check ] || [ "$mode" = final ]; then
       > "$L/ncu_$tag.txt" 2>&1
     grep -E "^\s+(gpu__|dram__|lts__|sm__)" "$L/ncu_$tag.txt" | sed "s/^/$tag /"
   done
-  stamp "ring probe"
-  timeout 120 python3 tools/decode_ring_probe.py --splits 0,16 2>&1 | tee "$L/ring_probe.txt" | grep -v "^#"
+  if [ "${PROBE:-1}" = 1 ]; then
+    stamp "ring probe"
+    timeout 120 python3 tools/decode_ring_probe.py --splits 0,16 2>&1 | tee "$L/ring_probe.txt" | grep -v "^#"
+  fi
   tar -C "$OUT" -czf "$OUT/logs.tgz" logs && rm -rf "$L"
   R="$OUT/bench"; mkdir -p "$R"
   stamp "bench_decode"
@@ -97,10 +99,14 @@ if [ "$mode" = check ] || [ "$mode" = final ]; then
     --heads 32/8 --pages ${DPAGES:-16,256} --kv ${DKV:-bf16,fp8} --out "$R" > "$R/bench_decode.txt" 2>&1
   grep -v "^#" "$R/bench_decode.txt" | tail -n 24
   if [ "$mode" = final ]; then
-    stamp "bench.py"
-    timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/bench.py --dims ${DIMS:-128,256} \
-      --seqs ${SEQS:-512,2048,4096} --dtypes bf16 --out "$R" > "$R/bench.txt" 2>&1
-    grep -h "^| bf16" "$R"/*.md | grep -E "dense \||paged" | cut -d'|' -f2-10
+    for set in ${BENCH_SETS:-128:512 256:4096}; do  # D:S pairs, one bench.py process each
+      IFS=: read -r d sq <<< "$set"
+      stamp "bench.py D=$d S=$sq"
+      mkdir -p "$R/prefill_d${d}_s${sq}"
+      timeout ${BENCH_TIMEOUT:-120} python3 benchmarks/bench.py --dims "$d" --seqs "$sq" --dtypes bf16 \
+        --out "$R/prefill_d${d}_s${sq}" > "$R/prefill_d${d}_s${sq}/bench.txt" 2>&1
+      grep -h "^| bf16" "$R/prefill_d${d}_s${sq}"/*.md | grep -E "dense \||paged|varlen" | cut -d'|' -f2-10
+    done
     stamp "bench_varlen"
     timeout 90 python3 benchmarks/bench_varlen.py --out "$R" > "$R/bench_varlen.txt" 2>&1
     tail -n 6 "$R/bench_varlen.txt"
