@@ -160,42 +160,6 @@ __device__ __forceinline__ u32 ring_offset(int r, int c) {
   return r * kRowBytes + ((c ^ x) << 4);
 }
 
-// ring_offset at every copy and ldmatrix of a tile cost ~100 instructions per warp and tile
-// (Nsight Compute, stop 36: 606 instead of 510 per tile at D = 128); the two helpers below hold
-// a lane's few distinct swizzled offsets in registers, the rest being immediates once the
-// tile loops are unrolled.
-// A lane's cp.async destinations: copy i (idx = lane + 32 i) writes chunk idx % kChunks of
-// row idx / kChunks.  Rows of <= 512 bytes: copy i + kPeriod lands 8 rows below copy i, where
-// the swizzle repeats.  Rows of a multiple of 512 bytes: the row is i's alone (its swizzle a
-// compile-time constant once unrolled); others (384 / 768 bytes, the V-split's) as they come.
-template <int kRowBytes>
-struct RingCopies {
-  static constexpr int kChunks = kRowBytes / 16;
-  static constexpr int kPeriod = kChunks <= 32 ? kChunks / 4 : 1;  // copies per 8 rows
-  u32 off[kPeriod];
-  int lane;
-  __device__ __forceinline__ explicit RingCopies(int lane_) : lane(lane_) {
-#pragma unroll
-    for (int q = 0; q < kPeriod; ++q) off[q] = ring_offset<kRowBytes>((lane + 32 * q) / kChunks, (lane + 32 * q) % kChunks);
-  }
-  __device__ __forceinline__ u32 at(int i) const {
-    if constexpr (kChunks <= 32) return off[i % kPeriod] + (i / kPeriod) * 8 * kRowBytes;
-    else if constexpr (kChunks % 32 == 0) return ring_offset<kRowBytes>(32 * i / kChunks, lane + 32 * i % kChunks);
-    else return ring_offset<kRowBytes>((lane + 32 * i) / kChunks, (lane + 32 * i) % kChunks);
-  }
-};
-// A lane's ldmatrix addresses: row r, logical chunks 2 kk + hi.  The swizzle permutes chunks
-// inside each 128-byte group of 8, so group kk / 4 adds 128 bytes to one of 4 offsets.
-template <int kRowBytes>
-struct RingLdsm {
-  u32 off[4];
-  __device__ __forceinline__ RingLdsm(int r, int hi) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) off[q] = ring_offset<kRowBytes>(r, 2 * q + hi);  // 64-byte rows: q < 2 used
-  }
-  __device__ __forceinline__ u32 at(int kk) const { return off[kk & 3] + (kk >> 2) * 128; }
-};
-
 
 // Float8 K/V with bfloat16 queries (the tensor cores run in float16): each of the CTA's 16 Q
 // rows in shared memory is rewritten in place as float16 of q * 2^-e, e per row such that the
@@ -496,8 +460,6 @@ __device__ void flash_decode(const DecodeParams& dp) {
     if (!dp.paged) return (i64)(k_start + pos) * p.k_row_stride;
     return pages.row_offset(pos);
   };
-  const RingCopies<Sm::kRowBytesK> copies_k(lane);
-  const RingCopies<Sm::kRowBytesV> copies_v(lane);  // V-split only (else V rows are K's)
   // Issue the cp.async copies of the warp's j-th tile (key offsets `off`) into ring slot `slot`.
   auto issue = [&](int slot, i64 off) {
     const u32 kdst = ring + slot * Sm::kStageBytes, vdst = kdst + Sm::kRingTileBytes;
@@ -510,8 +472,8 @@ __device__ void flash_decode(const DecodeParams& dp) {
         const i64 o = __shfl_sync(0xffffffffu, off, r);
         const bool ok = o >= 0 && c * 16 < hd;  // hd % 16 == 0 (the host's rule): whole chunks
         const i64 e = ok ? o + kv_head_off + c * 16 : 0;
-        cp_async_16(kdst + copies_k.at(i), kb + e, ok);
-        cp_async_16(vdst + copies_k.at(i), vb + e, ok);  // V rows as K's
+        cp_async_16(kdst + ring_offset<Sm::kRowBytesK>(r, c), kb + e, ok);
+        cp_async_16(vdst + ring_offset<Sm::kRowBytesV>(r, c), vb + e, ok);
       }
     } else if constexpr (kVSplits == 1) {  // K and V rows alike: one address per chunk for both
 #pragma unroll
@@ -520,8 +482,8 @@ __device__ void flash_decode(const DecodeParams& dp) {
         const i64 o = __shfl_sync(0xffffffffu, off, r);
         const bool ok = o >= 0 && c * 8 < hd;
         const i64 e = ok ? o + kv_head_off + c * 8 : 0;
-        cp_async_16(kdst + copies_k.at(i), p.k + e, ok);
-        cp_async_16(vdst + copies_k.at(i), p.v + e, ok);  // V rows as K's
+        cp_async_16(kdst + ring_offset<Sm::kRowBytesK>(r, c), p.k + e, ok);
+        cp_async_16(vdst + ring_offset<Sm::kRowBytesV>(r, c), p.v + e, ok);
       }
     } else {  // K: whole rows; V: this CTA's kDV columns from v_col0
       // Unrolled by 4, not fully: 32 + 16 unrolled copies (D = 512) held their addresses at
@@ -531,7 +493,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
         const int idx = lane + 32 * i, r = idx / kChunks, c = idx % kChunks;
         const i64 o = __shfl_sync(0xffffffffu, off, r);
         const bool ok = o >= 0 && c * 8 < hd;
-        cp_async_16(kdst + copies_k.at(i), p.k + (ok ? o + kv_head_off + c * 8 : 0), ok);
+        cp_async_16(kdst + ring_offset<Sm::kRowBytesK>(r, c), p.k + (ok ? o + kv_head_off + c * 8 : 0), ok);
       }
 #pragma unroll 4
       for (int i = 0; i < kChunksV / 2; ++i) {
@@ -539,7 +501,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
         const i64 o = __shfl_sync(0xffffffffu, off, r);
         const bool ok = o >= 0 && c * 8 < hd_v;
         const i64 e = ok ? o + kv_head_off + v_col0 + c * 8 : 0;
-        cp_async_16(vdst + copies_v.at(i), p.v + e, ok);
+        cp_async_16(vdst + ring_offset<Sm::kRowBytesV>(r, c), p.v + e, ok);
       }
     }
   };
@@ -599,8 +561,6 @@ __device__ void flash_decode(const DecodeParams& dp) {
   // 16-31), (keys 8-15, 16-31) of a 32-byte column block.
   const int lr = lane & 15, lhi = lane >> 4, lr8 = (lane & 7) + 8 * ((lane >> 3) & 1);
   const u32 lrow_q = lr * Sm::kQRowBytes + lhi * 16;
-  const RingLdsm<Sm::kRowBytesK> ldsm_k(kFp8 ? lr8 : lr, lhi);
-  const RingLdsm<Sm::kRowBytesV> ldsm_v(kFp8 ? lr8 : lr, lhi);
 
   // ---- Main loop over this warp's tiles. ---------------------------------------------------
   for (int j = 0; j < n_mine; ++j) {
@@ -625,7 +585,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
       for (int kk2 = 0; kk2 < kD / 32; ++kk2) {
         if (kk2 * 32 < hd) {
           u32 kb[4];
-          ldmatrix_x4(kb, ks + ldsm_k.at(kk2));
+          ldmatrix_x4(kb, ks + ring_offset<Sm::kRowBytesK>(lr8, 2 * kk2 + lhi));
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int kk = 2 * kk2 + half;
@@ -645,7 +605,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
         if (kk * 16 < hd) {
           u32 qa[4], kb[4];
           ldmatrix_x4(qa, q_smem + lrow_q + kk * 32);
-          ldmatrix_x4(kb, ks + ldsm_k.at(kk));
+          ldmatrix_x4(kb, ks + ring_offset<Sm::kRowBytesK>(lr, 2 * kk + lhi));
           Mma::mma(s[0][0], qa, kb[0], kb[2]);  // keys 0-7
           Mma::mma(s[0][1], qa, kb[1], kb[3]);  // keys 8-15
         }
@@ -676,7 +636,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
       for (int dd2 = 0; dd2 < kDV / 32; ++dd2) {
         if (dd2 * 32 < hd_v) {
           u32 vb[4];
-          ldmatrix_x4_trans(vb, vs + ldsm_v.at(dd2));
+          ldmatrix_x4_trans(vb, vs + ring_offset<Sm::kRowBytesV>(lr8, 2 * dd2 + lhi));
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int b = 2 * dd2 + half;  // 16-column block
@@ -694,7 +654,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
       for (int dd = 0; dd < kDV / 16; ++dd) {
         if (dd * 16 < hd_v) {
           u32 vb[4];
-          ldmatrix_x4_trans(vb, vs + ldsm_v.at(dd));
+          ldmatrix_x4_trans(vb, vs + ring_offset<Sm::kRowBytesV>(lr, 2 * dd + lhi));
           Mma::mma(o[0][2 * dd], pa, vb[0], vb[1]);
           Mma::mma(o[0][2 * dd + 1], pa, vb[2], vb[3]);
         }
