@@ -20,9 +20,9 @@
 #   MODE=final: MODE=check, then the prefill benchmarks of record for issues 12 / 15 --
 #     bench.py bf16 for each D:S of $BENCH_SETS (dense, sm80, varlen, paged 16 / 256) and
 #     bench_varlen.py, into bench.tgz too.  NCU=0 / PROBE=0 skip those parts of the check.
-#   MODE=record: issue 15's rows on code a check run verified -- the front-end GPU tests (no
-#     synchronisation, graph replay), bench_decode.py ($DROWS), then bench.py per $BENCH_SETS and
-#     bench_varlen.py; bench.tgz.
+#   MODE=record: issue 15's rows on code a check run verified -- bench_decode.py ($DROWS),
+#     bench_varlen.py, bench.py per $BENCH_SETS, then the front-end GPU tests (no
+#     synchronisation, graph replay); bench.tgz.
 # The device call brings back at most 8 files from $OUT.
 set -u
 OUT=${OUT:-/tmp/fa_stop36}; mkdir -p "$OUT"
@@ -118,13 +118,13 @@ if [ "$mode" = check ] || [ "$mode" = final ]; then
 fi
 if [ "$mode" = record ]; then
   R="$OUT/bench"; mkdir -p "$R"
-  stamp "front-end GPU tests"
-  timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu_frontend.py > "$R/frontend_tests.txt" 2>&1
-  tail -n 2 "$R/frontend_tests.txt"
   stamp "bench_decode"
   timeout ${DECODE_TIMEOUT:-90} python3 benchmarks/bench_decode.py --rows ${DROWS:-64:4096,1:512} \
     --heads 32/8 --pages ${DPAGES:-16} --kv bf16 --out "$R" > "$R/bench_decode.txt" 2>&1
   grep -v "^#" "$R/bench_decode.txt" | grep "^| [0-9]" | cut -d'|' -f2-12
+  stamp "bench_varlen"
+  timeout 90 python3 benchmarks/bench_varlen.py --out "$R" > "$R/bench_varlen.txt" 2>&1
+  tail -n 6 "$R/bench_varlen.txt"
   for set in ${BENCH_SETS:-128:512 256:4096}; do
     IFS=: read -r d sq <<< "$set"
     stamp "bench.py D=$d S=$sq"
@@ -133,9 +133,9 @@ if [ "$mode" = record ]; then
       --out "$R/prefill_d${d}_s${sq}" > "$R/prefill_d${d}_s${sq}/bench.txt" 2>&1
     grep -h "^| bf16" "$R/prefill_d${d}_s${sq}"/*.md | grep -E "dense \||paged|varlen" | cut -d'|' -f2-10
   done
-  stamp "bench_varlen"
-  timeout 90 python3 benchmarks/bench_varlen.py --out "$R" > "$R/bench_varlen.txt" 2>&1
-  tail -n 6 "$R/bench_varlen.txt"
+  stamp "front-end GPU tests"
+  timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu_frontend.py > "$R/frontend_tests.txt" 2>&1
+  tail -n 2 "$R/frontend_tests.txt"
   tar -C "$OUT" -czf "$OUT/bench.tgz" bench
 fi
 stamp done
