@@ -31,27 +31,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import cupy  # noqa: E402
 
-def kernel_time(fn, before, reps=12, warmup=2):
-    for _ in range(warmup):
-        fn()
-    evs = []
-    for _ in range(reps):
-        before()
-        s, e = cupy.cuda.Event(), cupy.cuda.Event()
-        s.record()
-        fn()
-        e.record()
-        evs.append((s, e))
-    evs[-1][1].synchronize()
-    return float(np.median([cupy.cuda.get_elapsed_time(s, e) for s, e in evs])) * 1e3  # us
-
-
 def main(argv=None):
     import ml_dtypes
 
     import cupy_flashattn as fa
-    from bench_decode import fill_random, torch_sdpa
-    from measure import L2Flush
+    from bench_decode import Timer, fill_random, torch_sdpa
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="64:4096,16:16384,1:4096,1:32768")
@@ -62,7 +46,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     H, Hk, D, P = 32, 8, 128, args.page
     bf16 = ml_dtypes.bfloat16
-    memset, clean = L2Flush("memset"), L2Flush("clean")
+    timers = (Timer("memset"), Timer("clean"))  # bench_decode.py's kernel-only timing
+
+    def kernel_us(fn):
+        return [t.kernel(fn) * 1e6 for t in timers]
     tag = os.environ.get("CUPY_FLASHATTN_SM90_DEFINES", "") or "default"
     rng = np.random.default_rng(0)
     for row in args.rows.split(","):
@@ -95,7 +82,7 @@ def main(argv=None):
             if ref is None:
                 ref = o.astype(np.float32)
             err = float(cupy.abs(o.astype(np.float32) - ref).max())
-            tm, tc = kernel_time(step, memset), kernel_time(step, clean)
+            tm, tc = kernel_us(step)
             cells.append(f"s={s or 'auto'}: {tm:.1f}/{tc:.1f} (err {err:.1e})")
         if not args.no_peer:
             try:
@@ -104,7 +91,7 @@ def main(argv=None):
                 kc = k.view(np.uint16)[idx].view(bf16).reshape(B, per * P, Hk, D)[:, :ctx]
                 vc = v.view(np.uint16)[idx].view(bf16).reshape(B, per * P, Hk, D)[:, :ctx]
                 run, o = torch_sdpa(q, kc, vc, "cudnn")
-                tm, tc = kernel_time(run, memset), kernel_time(run, clean)
+                tm, tc = kernel_us(run)
                 err = float(cupy.abs(cupy.asarray(o.float().contiguous()) - ref).max())
                 cells.append(f"cuDNN: {tm:.1f}/{tc:.1f} (err {err:.1e})")
                 del kc, vc
