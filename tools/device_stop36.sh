@@ -29,6 +29,17 @@ OUT=${OUT:-/tmp/fa_stop36}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 mode=${MODE:-probe}
+# bench.py for each D:S pair of $BENCH_SETS, one process each, into $R/prefill_d<D>_s<S>.
+bench_sets() {
+  for set in ${BENCH_SETS:-128:512 256:4096}; do
+    IFS=: read -r d sq <<< "$set"
+    stamp "bench.py D=$d S=$sq"
+    mkdir -p "$R/prefill_d${d}_s${sq}"
+    timeout ${BENCH_TIMEOUT:-120} python3 benchmarks/bench.py --dims "$d" --seqs "$sq" --dtypes bf16 \
+      --out "$R/prefill_d${d}_s${sq}" > "$R/prefill_d${d}_s${sq}/bench.txt" 2>&1
+    grep -h "^| bf16" "$R/prefill_d${d}_s${sq}"/*.md | grep -E "dense \||paged|varlen" | cut -d'|' -f2-10
+  done
+}
 if [ "$mode" = probe ]; then
   for ring in ${RINGS:-default FA_DECODE_DEEP=4 FA_DECODE_DEEP=6}; do
     defs=$ring; [ "$ring" = default ] && defs=
@@ -102,14 +113,7 @@ if [ "$mode" = check ] || [ "$mode" = final ]; then
     --heads 32/8 --pages ${DPAGES:-16,256} --kv ${DKV:-bf16,fp8} --out "$R" > "$R/bench_decode.txt" 2>&1
   grep -v "^#" "$R/bench_decode.txt" | tail -n 24
   if [ "$mode" = final ]; then
-    for set in ${BENCH_SETS:-128:512 256:4096}; do  # D:S pairs, one bench.py process each
-      IFS=: read -r d sq <<< "$set"
-      stamp "bench.py D=$d S=$sq"
-      mkdir -p "$R/prefill_d${d}_s${sq}"
-      timeout ${BENCH_TIMEOUT:-120} python3 benchmarks/bench.py --dims "$d" --seqs "$sq" --dtypes bf16 \
-        --out "$R/prefill_d${d}_s${sq}" > "$R/prefill_d${d}_s${sq}/bench.txt" 2>&1
-      grep -h "^| bf16" "$R/prefill_d${d}_s${sq}"/*.md | grep -E "dense \||paged|varlen" | cut -d'|' -f2-10
-    done
+    bench_sets
     stamp "bench_varlen"
     timeout 90 python3 benchmarks/bench_varlen.py --out "$R" > "$R/bench_varlen.txt" 2>&1
     tail -n 6 "$R/bench_varlen.txt"
@@ -125,14 +129,7 @@ if [ "$mode" = record ]; then
   stamp "bench_varlen"
   timeout 90 python3 benchmarks/bench_varlen.py --out "$R" > "$R/bench_varlen.txt" 2>&1
   tail -n 6 "$R/bench_varlen.txt"
-  for set in ${BENCH_SETS:-128:512 256:4096}; do
-    IFS=: read -r d sq <<< "$set"
-    stamp "bench.py D=$d S=$sq"
-    mkdir -p "$R/prefill_d${d}_s${sq}"
-    timeout ${BENCH_TIMEOUT:-90} python3 benchmarks/bench.py --dims "$d" --seqs "$sq" --dtypes bf16 \
-      --out "$R/prefill_d${d}_s${sq}" > "$R/prefill_d${d}_s${sq}/bench.txt" 2>&1
-    grep -h "^| bf16" "$R/prefill_d${d}_s${sq}"/*.md | grep -E "dense \||paged|varlen" | cut -d'|' -f2-10
-  done
+  bench_sets
   stamp "front-end GPU tests"
   timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu_frontend.py > "$R/frontend_tests.txt" 2>&1
   tail -n 2 "$R/frontend_tests.txt"
