@@ -148,6 +148,33 @@ struct DecodeSmem {
 
 __device__ __forceinline__ u32 lane_id() { return threadIdx.x & 31; }
 
+// FA_DECODE_TIMELINE (a probe switch, 0 by default: no code): thread 0 of each CTA stamps
+// %globaltimer (ns) at the phases of a decode step into fa_decode_timeline[cta][phase], which
+// tools/decode_timeline.py reads back -- where a B = 1 step's time goes (issue 16).  Phases:
+// 0 entry, 1 sequence lengths known, 2 warp 0's first tile landed, 3 warp 0's loop done,
+// 4 the CTA's output / partial stored, 5 the split counter answered, 6 the last CTA's merge
+// done, 7 exit.  CTAs past kTimelineCtas are not stamped.
+#ifndef FA_DECODE_TIMELINE
+#define FA_DECODE_TIMELINE 0
+#endif
+#if FA_DECODE_TIMELINE
+constexpr int kTimelineCtas = 8192;
+extern "C" {  // C linkage: the probe tool reads it by name (RawModule.get_global)
+__device__ unsigned long long fa_decode_timeline[kTimelineCtas][8];
+}
+__device__ __forceinline__ void timeline_stamp(int phase) {
+  const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (threadIdx.x == 0 && cta < kTimelineCtas) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    fa_decode_timeline[cta][phase] = t;
+  }
+}
+#define FA_DECODE_STAMP(phase) timeline_stamp(phase)
+#else
+#define FA_DECODE_STAMP(phase)
+#endif
+
 // Byte offset in a ring tile of 16-byte chunk c of row r (rows of kRowBytes, DecodeSmem): the
 // chunk index XOR a row function that gives rows r0 .. r0 + 7 (r0 % 8 == 0) 8 different bank
 // groups for one logical chunk -- r % 8 for rows of >= 128 bytes; for 64-byte rows (float8
@@ -394,6 +421,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
   __shared__ float s_m[kDecodeWarps][kDecodeRows], s_l[kDecodeWarps][kDecodeRows];
   __shared__ float s_rowm[kDecodeRows], s_rowl[kDecodeRows];
 
+  FA_DECODE_STAMP(0);
   const int tidx = threadIdx.x, warp = tidx / 32, lane = tidx & 31;
   const int split = blockIdx.x % dp.num_splits, m_block = blockIdx.x / dp.num_splits;
   const int hk = blockIdx.y / kVSplits, bidb = blockIdx.z;
@@ -415,6 +443,10 @@ __device__ void flash_decode(const DecodeParams& dp) {
   if (row0 >= rows_total) return;  // no rows here (combine reads only rows of real queries)
   if (len_q < p.len_q_min || len_q > p.len_q_max) return;  // the prefill kernel's (mixed batch)
   const int shift = len_k - len_q;
+#if FA_DECODE_TIMELINE
+  asm volatile("" ::"r"(len_k), "r"(len_q));  // the lengths have arrived before the stamp
+#endif
+  FA_DECODE_STAMP(1);
   const Window window(p, len_k, shift, bidb);
 
   // Key tiles any row of this CTA can see, intersected with this split's share of the
@@ -571,6 +603,9 @@ __device__ void flash_decode(const DecodeParams& dp) {
     next_off = row_offset(tile_of(j + kStages));
     cp_async_wait<kStages - 1>();  // tile j has landed (this lane's copies) ...
     __syncwarp();                  // ... and every lane's copies are visible to the warp
+#if FA_DECODE_TIMELINE
+    if (j == 0) FA_DECODE_STAMP(2);
+#endif
     const u32 ks = ring + (j % kStages) * Sm::kStageBytes, vs = ks + Sm::kRingTileBytes;
     const int t = tile_of(j);
 
@@ -663,6 +698,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
     __syncwarp();  // every lane is done reading this slot before it is refilled
   }
 
+  FA_DECODE_STAMP(3);
   // ---- Epilogue: merge the 4 warps' states through shared memory. -------------------------
   cp_async_wait<0>();
   __syncthreads();  // the rings are reused as the merge buffer
@@ -756,6 +792,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
       if (d == 0 && v_col0 == 0) p.lse[(i64)head * p.lse_head_stride + qrow] = lse;
     }
   }
+  FA_DECODE_STAMP(4);
 #if FA_DECODE_FUSED_COMBINE
   if constexpr (kVSplits == 1) {
     if (split_mode && dp.split_counters != nullptr) {
@@ -773,6 +810,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
         if (s_last) *counter = 0;
       }
       __syncthreads();
+      FA_DECODE_STAMP(5);
       if (s_last) {
         __threadfence();
         CombineParams cp;
@@ -803,10 +841,12 @@ __device__ void flash_decode(const DecodeParams& dp) {
           const int pr = row0 + r;
           combine_pair<true>(cp, q_start + pr / g, hk * g + pr % g, lane);
         }
+        FA_DECODE_STAMP(6);
       }
     }
   }
 #endif
+  FA_DECODE_STAMP(7);
 }
 
 }  // namespace fa
