@@ -22,7 +22,8 @@
 #     bench_varlen.py, into bench.tgz too.  NCU=0 / PROBE=0 skip those parts of the check.
 #   MODE=record: issue 15's rows on code a check run verified -- bench_decode.py ($DROWS),
 #     bench_varlen.py, bench.py per $BENCH_SETS, then the front-end GPU tests (no
-#     synchronisation, graph replay); bench.tgz.
+#     synchronisation, graph replay) and (TIMELINE=1, default) tools/decode_timeline.py: where
+#     a B = 1 decode step's time goes; bench.tgz.
 # The device call brings back at most 8 files from $OUT.
 set -u
 OUT=${OUT:-/tmp/fa_stop36}; mkdir -p "$OUT"
@@ -133,6 +134,10 @@ if [ "$mode" = record ]; then
   stamp "front-end GPU tests"
   timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu_frontend.py > "$R/frontend_tests.txt" 2>&1
   tail -n 2 "$R/frontend_tests.txt"
+  if [ "${TIMELINE:-1}" = 1 ]; then
+    stamp "decode timeline"
+    timeout 120 python3 tools/decode_timeline.py 2>&1 | tee "$R/decode_timeline.txt"
+  fi
   tar -C "$OUT" -czf "$OUT/bench.tgz" bench
 fi
 stamp done
