@@ -22,8 +22,9 @@
 #     bench_varlen.py, into bench.tgz too.  NCU=0 / PROBE=0 skip those parts of the check.
 #   MODE=record: issue 15's rows on code a check run verified -- bench_decode.py ($DROWS),
 #     bench_varlen.py, bench.py per $BENCH_SETS, then the front-end GPU tests (no
-#     synchronisation, graph replay) and (TIMELINE=1, default) tools/decode_timeline.py: where
-#     a B = 1 decode step's time goes; bench.tgz.
+#     synchronisation, graph replay), quickbench of paged D = 256 at S = 4000 / 4096 / 2000 / 2048
+#     (is the gathered sequence-end tile the D = 256 paged gap?) and (TIMELINE=1, default)
+#     tools/decode_timeline.py: where a B = 1 decode step's time goes; bench.tgz.
 # The device call brings back at most 8 files from $OUT.
 set -u
 OUT=${OUT:-/tmp/fa_stop36}; mkdir -p "$OUT"
@@ -134,6 +135,9 @@ if [ "$mode" = record ]; then
   stamp "front-end GPU tests"
   timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu_frontend.py > "$R/frontend_tests.txt" 2>&1
   tail -n 2 "$R/frontend_tests.txt"
+  stamp "quickbench: paged D = 256 with S a multiple of 80 or not (the sequence-end tile)"
+  timeout 120 python3 tools/quickbench_sm90.py --archs sm90 --paged 16,256 \
+    --rows "${QB_ROWS:-256,4000,0;256,4096,0;256,2000,0;256,2048,0}" 2>&1 | tee "$R/quickbench_d256.txt" | grep -v "^#"
   if [ "${TIMELINE:-1}" = 1 ]; then
     stamp "decode timeline"
     timeout 120 python3 tools/decode_timeline.py 2>&1 | tee "$R/decode_timeline.txt"
