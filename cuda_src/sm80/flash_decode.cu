@@ -126,7 +126,8 @@ template <> struct DecodeTraits<512> { static constexpr int kStages = 2, kMinBlo
 // latter but split each row's lines across two: Nsight Compute counted 50.4 M L2 sectors read
 // for the 33.6 M a B = 64, context 4096 call needs (the L1 sent the copies as ~2.3-sector
 // requests, a third of them for sectors already requested; cuDNN's decode kernel, 33.6 M in
-// whole 128-byte requests) and 86% L2 throughput (stop 36, H100).  Q keeps padded rows (read once).
+// whole 128-byte requests) and 86% L2 throughput (stop 36, H100).  Swizzled: 33.6 M sectors,
+// at the same kernel time (L2 was busy, not the limit).  Q keeps padded rows (read once).
 template <int kD, int kKvBytes = 2>
 struct DecodeSmem {
   static constexpr int kDV = kD / DecodeTraits<kD>::kVSplits;  // V / O columns of a CTA
@@ -186,7 +187,6 @@ __device__ __forceinline__ u32 ring_offset(int r, int c) {
   const int x = kChunks >= 8 ? (r & 7) : ((r >> 1) & 3);
   return r * kRowBytes + ((c ^ x) << 4);
 }
-
 
 // Float8 K/V with bfloat16 queries (the tensor cores run in float16): each of the CTA's 16 Q
 // rows in shared memory is rewritten in place as float16 of q * 2^-e, e per row such that the
