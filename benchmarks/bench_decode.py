@@ -189,6 +189,19 @@ def measure_peers(timer, q, k, v, n_b2b):
     return peers, ref
 
 
+def random_qkv(B, ctx, H, Hk):
+    """One new query token per sequence and a contiguous K/V cache, bf16 N(0, 1) values:
+    q (B, 1, H, D), k / v (B, ctx, Hk, D) -- the inputs of every decode row (the peers read
+    k / v as they are; :func:`paged_cache` scatters them for ours)."""
+    q = cupy.empty((B, 1, H, D), BF16)
+    k = cupy.empty((B, ctx, Hk, D), BF16)
+    v = cupy.empty((B, ctx, Hk, D), BF16)
+    fill_random(q, 1)
+    fill_random(k, 2)
+    fill_random(v, 3)
+    return q, k, v
+
+
 def paged_cache(k, v, P):
     """(k pages, v pages, block table): the keys of k/v (B, ctx, Hk, D) scattered over pages of
     P rows in a random order (in k's dtype: bf16, or uint8 float8 bytes)."""
@@ -290,12 +303,7 @@ def bench_shape(timer, copy_bw, shape, pages, kvs=("bf16",)):
     B, ctx, H, Hk = shape
     kv_bytes = 2 * B * ctx * Hk * D * 2
     n_b2b = measure.calls_for(kv_bytes / 3.5e12 + 20e-6, B2B_BUDGET_S)
-    q = cupy.empty((B, 1, H, D), BF16)
-    k = cupy.empty((B, ctx, Hk, D), BF16)
-    v = cupy.empty((B, ctx, Hk, D), BF16)
-    fill_random(q, 1)
-    fill_random(k, 2)
-    fill_random(v, 3)
+    q, k, v = random_qkv(B, ctx, H, Hk)
     seqlens = cupy.full((B,), ctx, np.int32)
     peers, ref = measure_peers(timer, q, k, v, n_b2b)
     rows = []

@@ -1,6 +1,7 @@
 """Decode kernel time against the L2 flush and the split count (issue 16 / 15 probe).
 
-For each row (B:ctx, GQA 32/8, D = 128, paged cache of --page, pages scattered), GPU time of
+For each row (B:ctx, GQA 32/8, D = 128, bench_decode.py's paged cache of --page rows, a divisor
+of ctx, pages scattered), GPU time of
 one decode step (CUDA events around the call; the GPU kept busy by the flush before it, as
 bench_decode.py's kernel-only column), ours with the heuristic's split count and each forced
 value, and torch SDPA cuDNN on the same K/V (bshd strided views, as bench_decode.py).  Two
@@ -32,10 +33,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import cupy  # noqa: E402
 
 def main(argv=None):
-    import ml_dtypes
-
     import cupy_flashattn as fa
-    from bench_decode import Timer, fill_random, torch_sdpa
+    from bench_decode import Timer, paged_cache, random_qkv, torch_sdpa
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="64:4096,16:16384,1:4096,1:32768")
@@ -45,37 +44,22 @@ def main(argv=None):
     ap.add_argument("--contig", action="store_true", help="ours on a contiguous cache, no table")
     args = ap.parse_args(argv)
     H, Hk, D, P = 32, 8, 128, args.page
-    bf16 = ml_dtypes.bfloat16
     timers = (Timer("memset"), Timer("clean"))  # bench_decode.py's kernel-only timing
 
     def kernel_us(fn):
         return [t.kernel(fn) * 1e6 for t in timers]
     tag = os.environ.get("CUPY_FLASHATTN_SM90_DEFINES", "") or "default"
-    rng = np.random.default_rng(0)
     for row in args.rows.split(","):
         B, ctx = (int(x) for x in row.split(":"))
-        per = -(-ctx // P)
-        k = cupy.empty((B * per, P, Hk, D), dtype=bf16)
-        v = cupy.empty_like(k)
-        fill_random(k, 2)
-        fill_random(v, 3)
-        q = cupy.empty((B, 1, H, D), dtype=bf16)
-        fill_random(q, 1)
-        table = cupy.asarray(rng.permutation(B * per).astype(np.int32).reshape(B, per))
+        q, k, v = random_qkv(B, ctx, H, Hk)  # bench_decode.py's inputs and pages
+        kk, vv, tt = (k, v, None) if args.contig else paged_cache(k, v, P)
         lens = cupy.full((B,), ctx, dtype=np.int32)
         gbytes = 2 * B * ctx * Hk * D * 2 / 1e9
         splits = [int(s) for s in args.splits.split(",")] if B * Hk < 132 else [0]
         ref = None
         cells = []
-        if args.contig:  # the same values, one contiguous (B, ctx, Hk, D) cache per sequence
-            idx = table.reshape(-1)
-            kk = k.view(np.uint16)[idx].view(bf16).reshape(B, per * P, Hk, D)
-            vv = v.view(np.uint16)[idx].view(bf16).reshape(B, per * P, Hk, D)
-            tt = None
-        else:
-            kk, vv, tt = k, v, table
         for s in splits:
-            def step(s=s, kk=kk, vv=vv, tt=tt):
+            def step(s=s, q=q, kk=kk, vv=vv, tt=tt, lens=lens):
                 return fa.flash_attn_with_kvcache(q, kk, vv, cache_seqlens=lens, block_table=tt,
                                                   num_splits=s)
             o = step()
@@ -86,20 +70,15 @@ def main(argv=None):
             cells.append(f"s={s or 'auto'}: {tm:.1f}/{tc:.1f} (err {err:.1e})")
         if not args.no_peer:
             try:
-                # the same values contiguous (bshd), as bench_decode.py hands them to torch
-                idx = table.reshape(-1)  # (through uint16: CuPy's take has no bfloat16)
-                kc = k.view(np.uint16)[idx].view(bf16).reshape(B, per * P, Hk, D)[:, :ctx]
-                vc = v.view(np.uint16)[idx].view(bf16).reshape(B, per * P, Hk, D)[:, :ctx]
-                run, o = torch_sdpa(q, kc, vc, "cudnn")
+                run, o = torch_sdpa(q, k, v, "cudnn")  # the contiguous K/V, as bench_decode.py
                 tm, tc = kernel_us(run)
                 err = float(cupy.abs(cupy.asarray(o.float().contiguous()) - ref).max())
                 cells.append(f"cuDNN: {tm:.1f}/{tc:.1f} (err {err:.1e})")
-                del kc, vc
             except Exception as e:  # pragma: no cover -- no torch on this machine
                 cells.append(f"cuDNN: n/a ({type(e).__name__}: {str(e)[:80]})")
         print(f"[{tag}] B={B} ctx={ctx} page={0 if args.contig else P} {gbytes:.3f} GB, us memset/clean flush  "
               + "  ".join(cells), flush=True)
-        del k, v, kk, vv
+        del q, k, v, kk, vv, tt
         cupy.get_default_memory_pool().free_all_blocks()
 
 

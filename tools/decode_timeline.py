@@ -6,7 +6,7 @@ stored, split counter answered, last CTA's merge done, exit), runs one decode st
 after a clean L2 flush (bench_decode.py's kernel-only timing), and prints, per row, the span
 from the first CTA's entry to the last CTA's exit next to the CUDA-event time of the launch, and
 the median time of each phase after the CTA's own entry.  GQA 32/8, D = 128, bf16, paged
-(--page, scattered pages; 0: contiguous cache).
+(--page, a divisor of every ctx: bench_decode.py's scattered pages; 0: contiguous cache).
 
     PYTHONPATH=. python3 tools/decode_timeline.py [--rows 1:512,1:4096,1:32768,64:4096] [--page 16]
         [--splits 0]
@@ -66,10 +66,8 @@ def main(argv=None):
     if "FA_DECODE_TIMELINE=1" not in prev:
         os.environ["CUPY_FLASHATTN_SM90_DEFINES"] = ",".join(x for x in (prev, "FA_DECODE_TIMELINE=1") if x)
     import cupy
-    import ml_dtypes
-
     import cupy_flashattn as fa
-    from bench_decode import Timer, fill_random
+    from bench_decode import Timer, paged_cache, random_qkv
     from cupy_flashattn._cuda import decode as dc
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -78,26 +76,18 @@ def main(argv=None):
     ap.add_argument("--splits", type=int, default=0, help="num_splits (0: the heuristic's)")
     ap.add_argument("--reps", type=int, default=9)
     args = ap.parse_args(argv)
-    H, Hk, D, P = 32, 8, 128, args.page
-    bf16 = ml_dtypes.bfloat16
+    H, Hk, P = 32, 8, args.page  # D = 128: bench_decode.D
     timer = Timer("clean")
     key = dc.DecodeKey("bf16", 128)
-    rng = np.random.default_rng(0)
     print(f"# defines: {os.environ['CUPY_FLASHATTN_SM90_DEFINES']}; times in us", flush=True)
     for row in args.rows.split(","):
         B, ctx = (int(x) for x in row.split(":"))
-        q = cupy.empty((B, 1, H, D), dtype=bf16)
-        fill_random(q, 1)
-        lens = cupy.full((B,), ctx, dtype=np.int32)
-        if P:
-            per = -(-ctx // P)
-            k = cupy.empty((B * per, P, Hk, D), dtype=bf16)
-            table = cupy.asarray(rng.permutation(B * per).astype(np.int32).reshape(B, per))
+        q, k, v = random_qkv(B, ctx, H, Hk)
+        if P:  # bench_decode.py's cache: the keys scattered over pages in a random order
+            k, v, table = paged_cache(k, v, P)
         else:
-            k, table = cupy.empty((B, ctx, Hk, D), dtype=bf16), None
-        v = cupy.empty_like(k)
-        fill_random(k, 2)
-        fill_random(v, 3)
+            table = None
+        lens = cupy.full((B,), ctx, dtype=np.int32)
 
         def step(q=q, k=k, v=v, lens=lens, table=table):
             return fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, block_table=table,
@@ -118,7 +108,7 @@ def main(argv=None):
         print(f"B={B} ctx={ctx} page={P} CTAs={runs[0]['ctas']}: event {event_us:.1f}, span "
               f"{med['span']:.2f}, entry spread {med['entry spread']:.2f} | after entry: {phases}",
               flush=True)
-        del k, v
+        del q, k, v, table
         cupy.get_default_memory_pool().free_all_blocks()
 
 
