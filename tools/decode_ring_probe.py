@@ -14,6 +14,13 @@ flushes before each timed call:
 
     CUPY_FLASHATTN_SM90_DEFINES=... PYTHONPATH=. python3 tools/decode_ring_probe.py \
         [--rows 64:4096,16:16384,1:4096,1:32768] [--splits 0,8,16,32] [--page 16] [--contig]
+        [--kv bf16|fp8] [--layouts nhd,hnd]
+
+--kv fp8: ours over float8 e4m3 bytes (bench_decode.py's quantized cache; cuDNN stays on bf16).
+--layouts: the page pool as vLLM lays it out, (pages, P, Hk, D) ("nhd": one key row of a kv
+head is D elements, the next row of that head Hk * D further), or FlashInfer's "hnd" layout
+(pages, Hk, P, D) passed as its (pages, P, Hk, D) strided view -- a kv head's page is one
+contiguous P * D run.  Does the DRAM access pattern of the pool, not the kernel, bound decode?
 
 --splits applies to the rows with fewer CTAs than SM slots (B * 8 < 132); the others take the
 heuristic's choice only.
@@ -34,7 +41,7 @@ import cupy  # noqa: E402
 
 def main(argv=None):
     import cupy_flashattn as fa
-    from bench_decode import Timer, paged_cache, random_qkv, torch_sdpa
+    from bench_decode import FP8_SCALE, Timer, paged_cache, quantized, random_qkv, torch_sdpa
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="64:4096,16:16384,1:4096,1:32768")
@@ -42,6 +49,8 @@ def main(argv=None):
     ap.add_argument("--page", type=int, default=16)
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--contig", action="store_true", help="ours on a contiguous cache, no table")
+    ap.add_argument("--kv", default="bf16", choices=("bf16", "fp8"))
+    ap.add_argument("--layouts", default="nhd", help="nhd, hnd or both (comma list); paged only")
     args = ap.parse_args(argv)
     H, Hk, D, P = 32, 8, 128, args.page
     timers = (Timer("memset"), Timer("clean"))  # bench_decode.py's kernel-only timing
@@ -52,22 +61,32 @@ def main(argv=None):
     for row in args.rows.split(","):
         B, ctx = (int(x) for x in row.split(":"))
         q, k, v = random_qkv(B, ctx, H, Hk)  # bench_decode.py's inputs and pages
-        kk, vv, tt = (k, v, None) if args.contig else paged_cache(k, v, P)
+        k8, v8 = quantized(k, v) if args.kv == "fp8" else (k, v)
+        fp8_kw = dict(kv_cache_dtype="fp8", k_scale=FP8_SCALE, v_scale=FP8_SCALE) if args.kv == "fp8" else {}
         lens = cupy.full((B,), ctx, dtype=np.int32)
-        gbytes = 2 * B * ctx * Hk * D * 2 / 1e9
+        gbytes = 2 * B * ctx * Hk * D * k8.itemsize / 1e9
         splits = [int(s) for s in args.splits.split(",")] if B * Hk < 132 else [0]
         ref = None
         cells = []
-        for s in splits:
-            def step(s=s, q=q, kk=kk, vv=vv, tt=tt, lens=lens):
-                return fa.flash_attn_with_kvcache(q, kk, vv, cache_seqlens=lens, block_table=tt,
-                                                  num_splits=s)
-            o = step()
-            if ref is None:
-                ref = o.astype(np.float32)
-            err = float(cupy.abs(o.astype(np.float32) - ref).max())
-            tm, tc = kernel_us(step)
-            cells.append(f"s={s or 'auto'}: {tm:.1f}/{tc:.1f} (err {err:.1e})")
+        for layout in (["contig"] if args.contig else args.layouts.split(",")):
+            if layout == "contig":
+                kk, vv, tt = k8, v8, None
+            else:
+                kk, vv, tt = paged_cache(k8, v8, P)
+                if layout == "hnd":  # the same pages, each kv head's rows one contiguous run
+                    kk, vv = (cupy.ascontiguousarray(a.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+                              for a in (kk, vv))
+            for s in splits:
+                def step(s=s, q=q, kk=kk, vv=vv, tt=tt, lens=lens):
+                    return fa.flash_attn_with_kvcache(q, kk, vv, cache_seqlens=lens, block_table=tt,
+                                                      num_splits=s, **fp8_kw)
+                o = step()
+                if ref is None:
+                    ref = o.astype(np.float32)
+                err = float(cupy.abs(o.astype(np.float32) - ref).max())
+                tm, tc = kernel_us(step)
+                cells.append(f"{layout} s={s or 'auto'}: {tm:.1f}/{tc:.1f} (err {err:.1e})")
+            del kk, vv, tt
         if not args.no_peer:
             try:
                 run, o = torch_sdpa(q, k, v, "cudnn")  # the contiguous K/V, as bench_decode.py
@@ -76,9 +95,9 @@ def main(argv=None):
                 cells.append(f"cuDNN: {tm:.1f}/{tc:.1f} (err {err:.1e})")
             except Exception as e:  # pragma: no cover -- no torch on this machine
                 cells.append(f"cuDNN: n/a ({type(e).__name__}: {str(e)[:80]})")
-        print(f"[{tag}] B={B} ctx={ctx} page={0 if args.contig else P} {gbytes:.3f} GB, us memset/clean flush  "
+        print(f"[{tag}] {args.kv} B={B} ctx={ctx} page={0 if args.contig else P} {gbytes:.3f} GB, us memset/clean flush  "
               + "  ".join(cells), flush=True)
-        del q, k, v, kk, vv, tt
+        del q, k, v, k8, v8
         cupy.get_default_memory_pool().free_all_blocks()
 
 

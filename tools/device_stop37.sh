@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Stop 37's device call (repo root), logs under $OUT (at most 8 files come back: tarred).
+#   1. issue 15's rows of record: MODE=record bash tools/device_stop36.sh (bench_decode,
+#      bench_varlen, bench.py per $BENCH_SETS, the front-end GPU tests, quickbench of paged
+#      D = 256, the B = 1 decode timeline);
+#   2. the B = 1 timeline again on a contiguous cache and at forced split counts 8 / 32;
+#   3. the page pool's layout (issue 16, float8 at 0.66-0.77 of copy): tools/decode_ring_probe.py
+#      over vLLM's (pages, P, Hk, D) pool and FlashInfer's (pages, Hk, P, D), bf16 and float8.
+set -u
+OUT=${OUT:-/tmp/fa_stop37}; mkdir -p "$OUT"
+. "$(dirname "$0")/device_env.sh"
+MODE=record BENCH_SETS=${BENCH_SETS:-128:512} OUT="$OUT" bash tools/device_stop36.sh 2>&1 | tail -n 60
+L="$OUT/more"; mkdir -p "$L"
+for a in "--page 0" "--splits 8" "--splits 32"; do
+  stamp "decode timeline $a"
+  timeout 60 python3 tools/decode_timeline.py --rows 1:512,1:4096,1:32768 $a 2>&1 | tee -a "$L/timeline_more.txt" | tail -n 6
+done
+for kv in fp8 bf16; do
+  stamp "pool layout $kv"
+  timeout 120 python3 tools/decode_ring_probe.py --rows 64:4096,16:16384 --kv $kv --layouts nhd,hnd \
+    --no-peer 2>&1 | tee -a "$L/layout_probe.txt" | grep -v "^#"
+done
+tar -C "$OUT" -czf "$OUT/more.tgz" more && rm -rf "$L"
+stamp done
