@@ -1,14 +1,38 @@
 #!/usr/bin/env bash
-# Stop 37's device call (repo root), logs under $OUT (at most 8 files come back: tarred).
+# Stop 37's device calls (repo root), logs under $OUT (at most 8 files come back: tarred).
+# MODE=record (default, run 1):
 #   1. issue 15's rows of record: MODE=record bash tools/device_stop36.sh (bench_decode,
 #      bench_varlen, bench.py per $BENCH_SETS, the front-end GPU tests, quickbench of paged
 #      D = 256, the B = 1 decode timeline);
 #   2. the B = 1 timeline again on a contiguous cache and at forced split counts 8 / 32;
 #   3. the page pool's layout (issue 16, float8 at 0.66-0.77 of copy): tools/decode_ring_probe.py
 #      over vLLM's (pages, P, Hk, D) pool and FlashInfer's (pages, Hk, P, D), bf16 and float8.
+# MODE=check (run 2, after the fused merge's change, issue 16): the whole GPU suite in shards,
+#   memcheck + racecheck, the B = 1 timeline at the heuristic's and forced split counts, then
+#   bench_decode.py ($DROWS, page 16, bf16 and float8); logs.tgz, bench.tgz.
 set -u
 OUT=${OUT:-/tmp/fa_stop37}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
+if [ "${MODE:-record}" = check ]; then
+  L="$OUT/logs"; mkdir -p "$L"
+  OUT="$L" PYTEST_TIMEOUT=${PYTEST_TIMEOUT:-240} bash tools/gpu_suite_parallel.sh
+  stamp "sanitize"
+  OUT="$L" TOOL_TIMEOUT=90 bash tools/sanitize.sh memcheck racecheck 2>&1 | tail -n 3
+  for s in 0 8 16 32 64; do
+    stamp "decode timeline --splits $s"
+    timeout 60 python3 tools/decode_timeline.py --rows 1:512,1:4096,1:32768 --splits $s 2>&1 \
+      | tee -a "$L/timeline.txt" | grep "^B="
+  done
+  tar -C "$OUT" -czf "$OUT/logs.tgz" logs && rm -rf "$L"
+  R="$OUT/bench"; mkdir -p "$R"
+  stamp "bench_decode"
+  timeout ${DECODE_TIMEOUT:-150} python3 benchmarks/bench_decode.py --rows ${DROWS:-64:4096,1:512,1:4096,1:32768} \
+    --heads 32/8 --pages 16 --kv bf16,fp8 --out "$R" > "$R/bench_decode.txt" 2>&1
+  grep "^| [0-9]" "$R/bench_decode.txt" | cut -d"|" -f2-7,10,16-19
+  tar -C "$OUT" -czf "$OUT/bench.tgz" bench && rm -rf "$R"
+  stamp done
+  exit 0
+fi
 MODE=record BENCH_SETS=${BENCH_SETS:-128:512} OUT="$OUT" bash tools/device_stop36.sh 2>&1 | tail -n 60
 L="$OUT/more"; mkdir -p "$L"
 for a in "--page 0" "--splits 8" "--splits 32"; do

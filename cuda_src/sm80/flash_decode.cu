@@ -262,111 +262,166 @@ struct CombineParams {
   int in_type, out_type;
 };
 
-// A partial's O element: through L1 (the combine kernel: the decode kernel wrote them before
-// it started), or from L2 (kBypassL1: the fused combine reads partials that other CTAs of the
-// same launch wrote, which this SM's L1 may hold stale).
-template <bool kBypassL1>
-__device__ __forceinline__ float partial_o(const CombineParams& c, i64 i) {
-  if constexpr (kBypassL1) return __ldcg(static_cast<const float*>(c.o_in) + i);  // float32 partials
-  else return load_elem(c.o_in, i, c.in_type);
-}
-template <bool kBypassL1>
-__device__ __forceinline__ float partial_lse(const CombineParams& c, i64 i) {
-  if constexpr (kBypassL1) return __ldcg(c.lse_in + i);
-  else return c.lse_in[i];
-}
-
-// One (row, head) pair, by one warp.  Its time is latency, not bandwidth: a split decode step
-// ends with it (in the last split CTA, or the combine kernel), so it must not pay one memory
-// round trip per split.  The lanes hold 32 splits' LSEs at once (lane i: split s0 + i), and O
-// is summed kCombineSplits splits at a time with all their loads issued before the first add;
-// lane i owns head-dim columns d0 + i + 32 j (j < kCombineCols).  (A loop over the splits, one
-// LSE and one O element per step, made a B = 1 decode step 0.3 us slower per split: H100,
-// 2026-12-06, tools/decode_split_sweep.py.)
-// The combine kernel's loads switch on the element type at run time (load_elem): it takes one
-// split at a time (its kCombineCols loads still in flight together), since 2 or 4 made ptxas
-// spill on sm_80 (8 / 24 bytes); the fused combine reads float32 partials, 4 splits at a time.
-constexpr int kCombineCols = 4;
-template <bool kBypassL1>
-__device__ __forceinline__ void combine_pair(const CombineParams& c, int row, int head, int lane) {
-  constexpr int kCombineSplits = kBypassL1 ? 4 : 1;
-  const i64 lse_off = (i64)(row / c.lse_rows) * c.lse_batch_stride + (i64)head * c.lse_head_stride + row % c.lse_rows;
-  const int n = c.num_splits;
-  // Partial s is the state (m = lse_s, l = 1) in natural units (c = log2 e); softmax.cuh's
-  // merge rules give the total and the weights.  A partial whose lse is +-inf saw no key: it
-  // is neither weighed nor read (its O was never written).  NaN (a NaN score) is weighed.
-  auto lse_of = [&](int s) {
-    return s < n ? partial_lse<kBypassL1>(c, s * c.lse_split_stride + lse_off) : neg_inf();
-  };
-  auto has_keys = [](float l) { return fabsf(l) != pos_inf(); };
-  const float l_first = lse_of(lane);  // splits 0 .. 31, kept (decode splits rarely pass 32)
-  auto lse_at = [&](int s0) { return s0 == 0 ? l_first : lse_of(s0 + lane); };
+// The merged state of one (row, head) pair's partials, by one warp: the total's lse (natural
+// units, and times log2 e), and whether no partial saw a key.  Partial s is the state
+// (m = lse_s, l = 1) in natural units (c = log2 e); softmax.cuh's merge rules give the total.
+// A partial whose lse is +-inf saw no key: it is neither weighed nor read (its O was never
+// written).  NaN (a NaN score) is weighed.  The lanes hold 32 splits' LSEs at once (lane i:
+// split s0 + i): one round trip per 32 splits.
+struct PartialsTotal {
+  float lse, lse_log2;
+  float lane_lse;  // the LSE of split `lane` (-inf past the splits), as loaded
+  bool empty;      // no partial with a key (NaN: not empty)
+};
+__device__ __forceinline__ bool partial_has_keys(float lse) { return fabsf(lse) != pos_inf(); }
+template <class LoadLse>
+__device__ __forceinline__ PartialsTotal partials_total(int n, float sink, int lane, LoadLse lse_of) {
+  auto lse_at = [&](int s) { return s < n ? lse_of(s) : neg_inf(); };
+  const float l_first = lse_at(lane);  // splits 0 .. 31, kept (decode splits rarely pass 32)
   float mx = neg_inf();
   for (int s0 = 0; s0 < n; s0 += 32) {
-    const float l = lse_at(s0);
-    if (has_keys(l)) mx = fmaxf(mx, l);  // finite or NaN (fmaxf skips NaN)
+    const float l = s0 == 0 ? l_first : lse_at(s0 + lane);
+    if (partial_has_keys(l)) mx = fmaxf(mx, l);  // finite or NaN (fmaxf skips NaN)
   }
-  mx = warp_max(mx);
-  const bool has_sink = c.sinks != nullptr;
-  const float sink = has_sink ? c.sinks[head] : neg_inf();
-  mx = fmaxf(mx, sink);
+  mx = fmaxf(warp_max(mx), sink);
   const float shift = row_shift(mx, kLog2e);
   float total = 0.f;
   for (int s0 = 0; s0 < n; s0 += 32) {
-    const float l = lse_at(s0);
-    if (has_keys(l)) total += part_weight(l, kLog2e, shift);
+    const float l = s0 == 0 ? l_first : lse_at(s0 + lane);
+    if (partial_has_keys(l)) total += part_weight(l, kLog2e, shift);
   }
-  total = warp_sum(total);
-  if (has_sink) total += part_weight(sink, kLog2e, shift);
-  const bool empty = total == 0.f;  // no partial with a key (NaN: not empty)
-  const float lse = state_lse(mx, total, kLog2e);
-  const float lse_log2 = lse * kLog2e;
+  total = warp_sum(total) + part_weight(sink, kLog2e, shift);  // sink -inf: + 0
+  PartialsTotal t;
+  t.lane_lse = l_first;
+  t.empty = total == 0.f;
+  t.lse = state_lse(mx, total, kLog2e);
+  t.lse_log2 = t.lse * kLog2e;
+  return t;
+}
+
+// One (row, head) pair of the combine kernel, by one warp.  Its loads switch on the element
+// type at run time (load_elem); lane i owns head-dim columns d0 + i + 32 j (j < kCombineCols),
+// one split at a time with its kCombineCols loads in flight together (2 or 4 splits at a time
+// made ptxas spill on sm_80, 8 / 24 bytes).  The decode kernel's own merge (the last split CTA,
+// merge_split_partials below) reads float32 partials and keeps more loads in flight.
+constexpr int kCombineCols = 4;
+__device__ __forceinline__ void combine_pair(const CombineParams& c, int row, int head, int lane) {
+  const i64 lse_off = (i64)(row / c.lse_rows) * c.lse_batch_stride + (i64)head * c.lse_head_stride + row % c.lse_rows;
+  const int n = c.num_splits;
+  auto lse_of = [&](int s) { return c.lse_in[s * c.lse_split_stride + lse_off]; };
+  const PartialsTotal t = partials_total(n, c.sinks != nullptr ? c.sinks[head] : neg_inf(), lane, lse_of);
   const i64 o_off = (i64)row * c.o_row_stride + (i64)head * c.o_head_stride;
   const i64 out_off = (i64)row * c.out_row_stride + (i64)head * c.out_head_stride;
   for (int d0 = 0; d0 < c.head_dim; d0 += 32 * kCombineCols) {
     float acc[kCombineCols] = {};
     for (int s0 = 0; s0 < n; s0 += 32) {
-      const float l = lse_at(s0);
-      const bool mine = has_keys(l) && s0 + lane < n;
-      const float w = mine ? part_weight(l, kLog2e, lse_log2) : 0.f;
+      const float l = s0 == 0 ? t.lane_lse : (s0 + lane < n ? lse_of(s0 + lane) : neg_inf());
+      const bool mine = partial_has_keys(l) && s0 + lane < n;
+      const float w = mine ? part_weight(l, kLog2e, t.lse_log2) : 0.f;
       const int count = imin(32, n - s0);
-      for (int i = 0; i < count; i += kCombineSplits) {
-        float wi[kCombineSplits], o[kCombineSplits][kCombineCols];
+      for (int i = 0; i < count; ++i) {
+        const bool read = __shfl_sync(0xffffffffu, (int)mine, i);
+        const float wi = __shfl_sync(0xffffffffu, w, i);
+        float o[kCombineCols];
 #pragma unroll
-        for (int u = 0; u < kCombineSplits; ++u) {  // every load first ...
-          const int k = (i + u) & 31;  // split s0 + i + u's lane (i + u < 32; past count: no read)
-          const bool read = __shfl_sync(0xffffffffu, (int)mine, k) && i + u < count;
-          const float wk = __shfl_sync(0xffffffffu, w, k);
-          wi[u] = read ? wk : 0.f;
-#pragma unroll
-          for (int j = 0; j < kCombineCols; ++j) {
-            const int d = d0 + lane + 32 * j;
-            o[u][j] = read && d < c.head_dim
-                          ? partial_o<kBypassL1>(c, (i64)(s0 + i + u) * c.o_split_stride + o_off + d)
-                          : 0.f;
-          }
+        for (int j = 0; j < kCombineCols; ++j) {  // every load first ...
+          const int d = d0 + lane + 32 * j;
+          o[j] = read && d < c.head_dim ? load_elem(c.o_in, (i64)(s0 + i) * c.o_split_stride + o_off + d, c.in_type) : 0.f;
         }
 #pragma unroll
-        for (int u = 0; u < kCombineSplits; ++u)  // ... then the adds
-#pragma unroll
-          for (int j = 0; j < kCombineCols; ++j) acc[j] += wi[u] * o[u][j];
+        for (int j = 0; j < kCombineCols; ++j) acc[j] += wi * o[j];  // ... then the adds
       }
     }
 #pragma unroll
     for (int j = 0; j < kCombineCols; ++j) {
       const int d = d0 + lane + 32 * j;
-      if (d < c.head_dim) store_elem(c.o_out, out_off + d, c.out_type, empty ? 0.f : acc[j]);
+      if (d < c.head_dim) store_elem(c.o_out, out_off + d, c.out_type, t.empty ? 0.f : acc[j]);
     }
   }
   if (lane == 0)
-    c.lse_out[(i64)(row / c.lse_rows) * c.lse_out_batch_stride + (i64)head * c.lse_out_head_stride + row % c.lse_rows] = lse;
+    c.lse_out[(i64)(row / c.lse_rows) * c.lse_out_batch_stride + (i64)head * c.lse_out_head_stride + row % c.lse_rows] = t.lse;
+}
+
+// The decode kernel's own merge of a tile's split partials (FA_DECODE_FUSED_COMBINE: the last
+// split CTA to finish runs it, one warp per (row, head) pair): float32 partials in oaccum's
+// layout, read from L2 (__ldcg: other CTAs of this launch wrote them, and this SM's L1 may hold
+// stale lines).  Its time is latency -- a split decode step ends with it -- so it keeps many
+// loads in flight: the lanes take the partials as (split, 16-byte column chunk), a split's
+// head_dim / 4 chunks over `lanes` lanes (the power of two >= chunks, at most 32; past 32
+// chunks, two a lane), 32 / lanes splits a step; each lane issues kLoads float4 loads with
+// their splits' LSEs before the first add, so one L2 round trip covers kLoads steps (16 splits
+// at head_dim 128 with kLoads = 16), and the first batch is in flight with the LSE pass.
+// kLoads = 16 holds ~80 registers of loads: where the CTAs per SM leave fewer than 160 a thread
+// (float8 D = 64 at 4 CTAs, 128) ptxas spilled it on sm_90, so those kernels take 8.  Sums of one
+// chunk held by different lanes meet by shuffles at the end.  (Before, the combine kernel's
+// order with 4 splits x 4 scalar columns per round trip: a B = 1 step's merge took 2.1 / 4.9 /
+// 8.4 us at 2 / 14 / 29 splits, ~1 us per round trip -- H100, 2026-12-06, decode_timeline.py.)
+template <class Elem, int kLoads>
+__device__ __forceinline__ void merge_split_partials(const CombineParams& c, int row, int head, int lane) {
+  const int n = c.num_splits;
+  const i64 lse_off = (i64)head * c.lse_head_stride + row;  // (splits, H, total_q) LSEs
+  const float* o_in = static_cast<const float*>(c.o_in);
+  const i64 o_off = (i64)row * c.o_row_stride + (i64)head * c.o_head_stride;
+  const int chunks = c.head_dim >> 2;  // head_dim % 8 == 0 (the host pads): >= 2 whole chunks
+  const bool wide = chunks > 32;       // head dims above 128: chunks lane and lane + 32
+  const int lanes = wide ? 32 : 1 << (32 - __clz(chunks - 1));
+  const int step = 32 / lanes;         // splits per step
+  const int chunk = lane & (lanes - 1), sub = lane / lanes;
+  const int per_batch = (wide ? kLoads / 2 : kLoads) * step;  // splits per round trip
+  auto lse_of = [&](int s) { return __ldcg(c.lse_in + s * c.lse_split_stride + lse_off); };
+  float4 o[kLoads];
+  float l[kLoads];
+  auto load_batch = [&](int s0) {
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      const int s = s0 + (wide ? j >> 1 : j) * step + sub;
+      const int ch = chunk + (wide && (j & 1) ? 32 : 0);
+      const bool ok = s < n && ch < chunks;
+      l[j] = ok ? lse_of(s) : neg_inf();
+      o[j] = ok ? __ldcg(reinterpret_cast<const float4*>(o_in + s * c.o_split_stride + o_off) + ch)
+                : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  };
+  load_batch(0);
+  const PartialsTotal t = partials_total(n, c.sinks != nullptr ? c.sinks[head] : neg_inf(), lane, lse_of);
+  float4 acc0 = make_float4(0.f, 0.f, 0.f, 0.f), acc1 = acc0;  // chunks `chunk`, `chunk + 32`
+  auto add4 = [](float4& a, const float4& b) { a.x += b.x; a.y += b.y; a.z += b.z; a.w += b.w; };
+  for (int s0 = 0;;) {
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      // A partial without keys (lse +-inf; also the slots past the splits) adds exactly 0,
+      // whatever its never-written O holds; a NaN lse weighs NaN.
+      const bool keys = partial_has_keys(l[j]);
+      const float w = keys ? part_weight(l[j], kLog2e, t.lse_log2) : 0.f;
+      const float4 v = keys ? make_float4(w * o[j].x, w * o[j].y, w * o[j].z, w * o[j].w)
+                            : make_float4(0.f, 0.f, 0.f, 0.f);
+      if ((j & 1) && wide) add4(acc1, v);  // (j & 1) is known per unrolled j: no indexed array
+      else add4(acc0, v);
+    }
+    s0 += per_batch;
+    if (s0 >= n) break;
+    load_batch(s0);
+  }
+  for (int m = lanes; m < 32; m *= 2) {  // the lanes of one chunk (lanes < 32: one chunk a lane)
+    add4(acc0, make_float4(__shfl_xor_sync(0xffffffffu, acc0.x, m), __shfl_xor_sync(0xffffffffu, acc0.y, m),
+                           __shfl_xor_sync(0xffffffffu, acc0.z, m), __shfl_xor_sync(0xffffffffu, acc0.w, m)));
+  }
+  u16* out = static_cast<u16*>(c.o_out) + (i64)row * c.out_row_stride + (i64)head * c.out_head_stride;
+  auto store4 = [&](int ch, float4 v) {
+    if (t.empty) v = make_float4(0.f, 0.f, 0.f, 0.f);
+    const u32 lo = Elem::pack(v.x, v.y), hi = Elem::pack(v.z, v.w);
+    asm volatile("st.global.v2.b32 [%0], {%1,%2};" ::"l"(out + 4 * ch), "r"(lo), "r"(hi) : "memory");
+  };
+  if (sub == 0 && chunk < chunks) store4(chunk, acc0);  // lanes rounds chunks up to a power of two
+  if (wide && chunk + 32 < chunks) store4(chunk + 32, acc1);
+  if (lane == 0) c.lse_out[(i64)head * c.lse_out_head_stride + row] = t.lse;
 }
 
 __device__ __forceinline__ void combine_states(const CombineParams& c) {
   const i64 pair = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (pair >= (i64)c.rows * c.heads) return;
-  combine_pair<false>(c, (int)(pair / c.heads), (int)(pair % c.heads), lane);
+  combine_pair(c, (int)(pair / c.heads), (int)(pair % c.heads), lane);
 }
 
 // Float8 K/V: Q's rows (16-bit, in shared memory) in the order the float8 K fragments
@@ -412,6 +467,10 @@ __device__ void flash_decode(const DecodeParams& dp) {
   constexpr int kChunks = kD / 8;  // 16-byte chunks per row (bucket width)
   constexpr int kChunks8 = kD / 16;  // 16-byte chunks per float8 row
   constexpr int kVSplits = DecodeTraits<kD>::kVSplits, kDV = Sm::kDV, kChunksV = kDV / 8;
+  // The fused merge's loads in flight per lane (merge_split_partials): 16 where the CTAs per SM
+  // leave >= 160 registers a thread.
+  constexpr int kCtasPerSm = kFp8 ? DecodeTraits<kD>::kMinBlocksFp8 : DecodeTraits<kD>::kMinBlocks;
+  constexpr int kMergeLoads = 65536 / (kDecodeThreads * kCtasPerSm) >= 160 ? 16 : 8;
   static_assert(!kFp8 || (kVSplits == 1 && kD % 32 == 0), "float8 K/V: head dims 64 / 128 / 256");
   // kMinBlocksFp8 CTAs (each with ~1 KB reserved and ~0.7 KB static) fit an sm_90 SM's 228 KB.
   static_assert(!kFp8 || DecodeTraits<kD>::kMinBlocksFp8 * (Sm::kBytes + 2048) <= 228 * 1024,
@@ -799,7 +858,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
       // The last of the tile's num_splits CTAs to get here merges their partials (the
       // threadFenceReduction pattern): each CTA makes its partial stores visible device-wide,
       // then counts itself in; the one that counts last sees every other CTA's partials (read
-      // from L2: combine_pair<true>) and resets the counter for the next launch (graph replays).
+      // from L2: merge_split_partials) and resets the counter for the next launch (graph replays).
       __shared__ int s_last;
       __threadfence();
       __syncthreads();
@@ -813,7 +872,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
       FA_DECODE_STAMP(5);
       if (s_last) {
         __threadfence();
-        CombineParams cp;
+        CombineParams cp;  // the fields merge_split_partials reads
         cp.o_in = dp.oaccum;
         cp.lse_in = dp.lse_accum;
         cp.sinks = p.sinks;
@@ -823,23 +882,16 @@ __device__ void flash_decode(const DecodeParams& dp) {
         cp.o_row_stride = (i64)p.num_heads * hd;
         cp.o_head_stride = hd;
         cp.lse_split_stride = (i64)p.num_heads * p.total_q;
-        cp.lse_batch_stride = 0;
         cp.lse_head_stride = p.total_q;
         cp.out_row_stride = p.o_row_stride;
         cp.out_head_stride = p.o_head_stride;
-        cp.lse_out_batch_stride = 0;
         cp.lse_out_head_stride = p.lse_head_stride;
-        cp.lse_rows = p.total_q;
-        cp.rows = p.total_q;
-        cp.heads = p.num_heads;
         cp.head_dim = hd;
         cp.num_splits = dp.num_splits;
-        cp.in_type = 0;                       // float32 partials
-        cp.out_type = Elem::kIsF16 ? 1 : 2;  // the query's type
         // This tile's packed rows, one (query, head) pair per warp.
         for (int r = warp; r < kDecodeRows && row0 + r < rows_total; r += kDecodeWarps) {
           const int pr = row0 + r;
-          combine_pair<true>(cp, q_start + pr / g, hk * g + pr % g, lane);
+          merge_split_partials<Elem, kMergeLoads>(cp, q_start + pr / g, hk * g + pr % g, lane);
         }
         FA_DECODE_STAMP(6);
       }

@@ -109,14 +109,16 @@ def test_head_dims_and_splits(dt, d, splits):
                        num_splits=splits))
 
 
-@pytest.mark.parametrize("d", [59, 128, 256])
+@pytest.mark.parametrize("d", [40, 59, 128, 200, 256])
 @pytest.mark.parametrize("page", [0, 16])
 @pytest.mark.parametrize("splits", [5, 37, 70])
 def test_many_splits(d, page, splits):
-    """The split merge at more splits than a warp has lanes (the combine's lanes take 32 splits
-    per pass, its O loads 4 splits at a time) and past 128 head-dim columns (two column
-    passes at D = 256), with empty splits (the short sequences' later splits see no key):
-    dense K/V merges in the last split CTA (the fused combine), paged K/V in the combine kernel."""
+    """The split merge at more splits than a warp has lanes (the LSE pass takes 32 splits per
+    pass; the last split CTA's merge loads 16 splits per round trip at D = 128, 32 at D = 40,
+    8 past 128 columns) and past 128 head-dim columns (the combine kernel's two column passes,
+    the fused merge's two chunks a lane: D = 200 fills the second only partly; D = 40: 10
+    chunks on 16 lanes), with empty splits (the short sequences' later splits see no key).
+    D = 59 (adapted operands) merges in the combine kernel, the others in the last split CTA."""
     rng = np.random.default_rng(d + 7 * page + 1000 * splits)
     check(make_problem(rng, d=d, h=8, hk=2, lens_q=[1, 1, 1], lens_k=[4100, 9, 1500],
                        page=page, num_splits=splits))
