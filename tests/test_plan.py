@@ -373,3 +373,19 @@ def test_float8_bytes_plan_like_float8_arrays_and_their_splits_balance_waves():
     assert dc.num_splits_heuristic(512, 4096, H100_SMS, 3, balance_waves=True) == 2
     # A grid that is already close to whole waves stays unsplit.
     assert dc.num_splits_heuristic(396 * 2, 4096, H100_SMS, 3, balance_waves=True) == 1
+
+
+def test_small_grids_split_until_every_sm_has_a_cta():
+    """B = 1 (8 CTAs on 132 SMs): flash-attn's wave rule, at least 256 keys a split, gives 2
+    splits at context 512 and 14 at 4096; a step is then one CTA's latency chain, so the grid
+    splits until each SM has a CTA (16 splits at 8 CTAs), down to 64 keys a split."""
+    assert dc.num_splits_heuristic(8, 512, H100_SMS, 2) == 8       # 64 keys a split
+    assert dc.num_splits_heuristic(8, 4096, H100_SMS, 2) == 16     # 132 // 8
+    assert dc.num_splits_heuristic(8, 32768, H100_SMS, 2) == 29    # the wave rule's count stays
+    assert dc.num_splits_heuristic(8, 100, H100_SMS, 2) == 2
+    assert dc.num_splits_heuristic(8, 64, H100_SMS, 2) == 1
+    assert dc.num_splits_heuristic(16, 4096, H100_SMS, 2) == 14    # the wave rule's count is more
+    assert dc.num_splits_heuristic(8, 512, H100_SMS, 3, balance_waves=True) == 8
+    # More CTAs than SMs: the wave rule alone (200 CTAs on 264 slots: 5 splits, 3.8 waves).
+    assert dc.num_splits_heuristic(200, 4096, H100_SMS, 2) == 5
+    assert dc.num_splits_heuristic(8, 10 ** 6, H100_SMS, 2, max_splits=128) <= 128

@@ -12,7 +12,8 @@ one tile (``max_seqlen_q * g <= 16``):
 
 Split-KV (flash-decoding): with fewer CTAs than ~80% of the SM slots, each sequence's keys are
 split over ``num_splits`` CTAs (chosen like flash-attn's ``num_splits_heuristic``: the fewest
-splits whose wave efficiency is within 85% of the best, with at least 256 keys per split); the
+splits whose wave efficiency is within 85% of the best, with at least 256 keys per split; and
+a grid of fewer CTAs than SMs splits at least until each SM has one, down to 64 keys); the
 partials (float32 O + LSE) are merged by the last split CTA of each tile in the same launch
 where :func:`fused_combine_applies` (dense decode launches), else by the combine kernel, which
 also serves :func:`merge_states` (``merge_attention_states`` on CuPy).
@@ -291,13 +292,30 @@ def decode_len_q_limit(num_heads: int, num_heads_k: int) -> int:
 
 def num_splits_heuristic(ctas: int, max_seqlen_k: int, num_sms: int, ctas_per_sm: int = 1,
                          max_splits: int = 128, min_keys: int = 256,
-                         balance_waves: bool = False) -> int:
+                         balance_waves: bool = False, fill_keys: int = 64) -> int:
     """flash-attn's rule: no split when the grid already fills ~80% of the SM slots; else the
     fewest splits whose wave efficiency is >= 85% of the best, with >= min_keys keys each.
     ``balance_waves``: no early exit for a full grid -- a grid of 1.3 waves also splits (the
     float8 kernel, 3 CTAs per SM: B = 64, 8 kv heads is 512 CTAs on 396 slots, whose second
-    wave ran at a third of the SM slots; H100, stop 32)."""
-    slots = max(1, num_sms * ctas_per_sm)
+    wave ran at a third of the SM slots; H100, stop 32).
+    Then a grid of fewer CTAs than SMs splits at least until every SM has one CTA, down to
+    ``fill_keys`` keys a split (one 16-key tile per warp): such a step's time is the latency
+    chain of each CTA (launch, lengths, table, K/V, the split merge), which shorter splits on
+    otherwise idle SMs cut.  H100, stop 37 (tools/decode_timeline.py, B = 1, GQA 32/8, D = 128,
+    page 16, one step's event time): context 512, 2 splits (flash-attn's rule) 16.6 us, 8
+    splits 12.8, 16 splits 13.1; context 4096, 14 splits 20.2, 16 splits 18.9, 32 splits 19.2;
+    context 32768, 29 splits 61.2, 16 splits 62.2 (the wave rule's count stays)."""
+    fill = 1
+    if 0 < ctas < num_sms:
+        fill = max(1, min(num_sms // ctas, -(-int(max_seqlen_k) // fill_keys), max_splits))
+    return max(fill, _wave_splits(ctas, max_seqlen_k, num_sms * ctas_per_sm, max_splits,
+                                  min_keys, balance_waves))
+
+
+def _wave_splits(ctas: int, max_seqlen_k: int, slots: int, max_splits: int, min_keys: int,
+                 balance_waves: bool) -> int:
+    """flash-attn's wave rule of :func:`num_splits_heuristic`."""
+    slots = max(1, slots)
     if ctas <= 0 or (ctas >= 0.8 * slots and not balance_waves):
         return 1
     cap = max(1, min(max_splits, -(-int(max_seqlen_k) // min_keys)))

@@ -178,7 +178,8 @@ def test_splits_heuristic():
     assert decode.num_splits_heuristic(512, 4096, 132, 2) == 1
     s = decode.num_splits_heuristic(8, 4096, 132, 2)
     assert 1 < s <= 16
-    assert decode.num_splits_heuristic(8, 200, 132, 2) == 1
+    assert decode.num_splits_heuristic(8, 200, 132, 2) == 4  # one CTA per SM, >= 64 keys a split
+    assert decode.num_splits_heuristic(8, 16, 132, 2) == 1
 
 
 # -- the public API: append, rotary, leftpad, batch_idx ----------------------------------------
