@@ -10,22 +10,32 @@
 # MODE=check (run 2, after the fused merge's change, issue 16): the whole GPU suite in shards,
 #   memcheck + racecheck, the B = 1 timeline at the heuristic's and forced split counts, then
 #   bench_decode.py ($DROWS, page 16, bf16 and float8); logs.tgz, bench.tgz.
-# MODE=confirm (run 3, after the split rule's change): the decode GPU tests, bench_decode.py on
-#   the B = 1 rows (bf16 and float8), and quickbench of paged D = 256 (page 16) at S = 4000 /
-#   2000 (multiples of 80: no gathered sequence-end tile) beside 4096 / 2048; bench.tgz.
+# MODE=confirm (run 3, after the split rule's change): the decode and front-end GPU tests,
+#   bench_decode.py on issue 15's decode rows and the B = 1 rows (bf16 and float8),
+#   bench_varlen.py and bench.py D = 128 S = 512 (issue 15's prefill rows, all in this run), and
+#   quickbench of paged D = 256 (page 16) at S = 4000 / 2000 (multiples of 80: no gathered
+#   sequence-end tile) beside 4096 / 2048; bench.tgz.
 set -u
 OUT=${OUT:-/tmp/fa_stop37}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
 if [ "${MODE:-record}" = confirm ]; then
   R="$OUT/bench"; mkdir -p "$R"
   stamp "decode GPU tests"
-  timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu_decode.py \
-    tests/gpu/test_gpu_fp8_decode.py tests/gpu/test_gpu_frontend.py > "$R/decode_tests.txt" 2>&1
-  tail -n 2 "$R/decode_tests.txt"
+  OUT="$R/tests" SERIAL= PYTEST_TIMEOUT=150 \
+    TESTS="tests/gpu/test_gpu_decode.py tests/gpu/test_gpu_fp8_decode.py tests/gpu/test_gpu_frontend.py" \
+    bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 8
   stamp "bench_decode"
-  timeout 120 python3 benchmarks/bench_decode.py --rows ${DROWS:-1:512,1:4096,1:32768} \
+  timeout 150 python3 benchmarks/bench_decode.py --rows ${DROWS:-64:4096,1:512,1:4096,1:32768} \
     --heads 32/8 --pages 16 --kv bf16,fp8 --out "$R" > "$R/bench_decode.txt" 2>&1
-  grep "^| [0-9]" "$R/bench_decode.txt" | cut -d"|" -f2-7,10,16-19
+  grep "^| [0-9]" "$R/bench_decode.txt" | cut -d"|" -f2-10,12-13,16-19
+  stamp "bench_varlen"
+  timeout 90 python3 benchmarks/bench_varlen.py --out "$R" > "$R/bench_varlen.txt" 2>&1
+  tail -n 4 "$R/bench_varlen.txt" | cut -c1-200
+  stamp "bench.py D = 128 S = 512"
+  mkdir -p "$R/prefill_d128_s512"
+  timeout 120 python3 benchmarks/bench.py --dims 128 --seqs 512 --dtypes bf16 --out "$R/prefill_d128_s512" \
+    > "$R/prefill_d128_s512/bench.txt" 2>&1
+  grep -h "^| bf16" "$R/prefill_d128_s512"/*.md | grep -E "dense \||paged|varlen" | cut -d'|' -f2-10
   stamp "quickbench paged D = 256"
   timeout 100 python3 tools/quickbench_sm90.py --archs sm90 --paged 16 \
     --rows "256,4000,0;256,4096,0;256,2000,0;256,2048,0" 2>&1 | tee "$R/quickbench_d256.txt" | grep -v "^#"
