@@ -15,6 +15,7 @@
 #   bench_varlen.py and bench.py D = 128 S = 512 (issue 15's prefill rows, all in this run), and
 #   quickbench of paged D = 256 (page 16) at S = 4000 / 2000 (multiples of 80: no gathered
 #   sequence-end tile) beside 4096 / 2048 (QB=0 skips it); bench.tgz.
+#   CTESTS, DROWS, KVS narrow the tests, decode rows and KV dtypes when device time is short.
 set -u
 OUT=${OUT:-/tmp/fa_stop37}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
@@ -22,11 +23,11 @@ if [ "${MODE:-record}" = confirm ]; then
   R="$OUT/bench"; mkdir -p "$R"
   stamp "decode GPU tests"
   OUT="$R/tests" SERIAL= PYTEST_TIMEOUT=150 \
-    TESTS="tests/gpu/test_gpu_decode.py tests/gpu/test_gpu_fp8_decode.py tests/gpu/test_gpu_frontend.py" \
+    TESTS="${CTESTS:-tests/gpu/test_gpu_decode.py tests/gpu/test_gpu_fp8_decode.py tests/gpu/test_gpu_frontend.py}" \
     bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 8
   stamp "bench_decode"
   timeout 150 python3 benchmarks/bench_decode.py --rows ${DROWS:-64:4096,1:512,1:4096,1:32768} \
-    --heads 32/8 --pages 16 --kv bf16,fp8 --out "$R" > "$R/bench_decode.txt" 2>&1
+    --heads 32/8 --pages 16 --kv ${KVS:-bf16,fp8} --out "$R" > "$R/bench_decode.txt" 2>&1
   grep "^| [0-9]" "$R/bench_decode.txt" | cut -d"|" -f2-10,12-13,16-19
   stamp "bench_varlen"
   timeout 90 python3 benchmarks/bench_varlen.py --out "$R" > "$R/bench_varlen.txt" 2>&1
