@@ -109,11 +109,31 @@ struct DecodeParams {
 // CTAs the float8 kernel read 1.8 TB/s, 0.6 of copy, with conversion no longer the limit).
 // (Chosen with the float8 kernel's former staging tile, 71 KB at D = 128: the smaller direct
 // CTAs would now also fit 5 at D = 64 and 2 at D = 256, not yet measured.)
+// Sweep switches, for device A/B runs only (the host's shared memory, register budget and split
+// rule follow them through device_facts): FA_DECODE_FP8_CTAS_D<64|128|256>, the float8
+// kernel's CTAs per SM; FA_DECODE_STAGES_D128 / FA_DECODE_CTAS_D128, the D = 128 ring's slots
+// per warp and the 16-bit kernel's CTAs per SM.  NVRTC sm_90 (stop 38): float8 D = 128 at 4
+// CTAs 127 registers, D = 256 at 2 CTAs 246, both without spills; D = 64 at 5 spills 44 bytes.
+#ifndef FA_DECODE_STAGES_D128
+#define FA_DECODE_STAGES_D128 3
+#endif
+#ifndef FA_DECODE_CTAS_D128
+#define FA_DECODE_CTAS_D128 2
+#endif
+#ifndef FA_DECODE_FP8_CTAS_D64
+#define FA_DECODE_FP8_CTAS_D64 4
+#endif
+#ifndef FA_DECODE_FP8_CTAS_D128
+#define FA_DECODE_FP8_CTAS_D128 3
+#endif
+#ifndef FA_DECODE_FP8_CTAS_D256
+#define FA_DECODE_FP8_CTAS_D256 1
+#endif
 template <int kD> struct DecodeTraits;
 struct DecodeTraitsBase { static constexpr int kVSplits = 1; };
-template <> struct DecodeTraits<64> : DecodeTraitsBase { static constexpr int kStages = 4, kMinBlocks = 3, kMinBlocksFp8 = 4; };  // 66 KB/CTA; float8 35 KB
-template <> struct DecodeTraits<128> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 2, kMinBlocksFp8 = 3; };  // 100 KB/CTA; float8 52 KB
-template <> struct DecodeTraits<256> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 1, kMinBlocksFp8 = 1; };  // 200 KB/CTA; float8 104 KB
+template <> struct DecodeTraits<64> : DecodeTraitsBase { static constexpr int kStages = 4, kMinBlocks = 3, kMinBlocksFp8 = FA_DECODE_FP8_CTAS_D64; };  // 66 KB/CTA; float8 35 KB
+template <> struct DecodeTraits<128> : DecodeTraitsBase { static constexpr int kStages = FA_DECODE_STAGES_D128, kMinBlocks = FA_DECODE_CTAS_D128, kMinBlocksFp8 = FA_DECODE_FP8_CTAS_D128; };  // 100 KB/CTA; float8 52 KB
+template <> struct DecodeTraits<256> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 1, kMinBlocksFp8 = FA_DECODE_FP8_CTAS_D256; };  // 200 KB/CTA; float8 104 KB
 // 2 stages: 3 would pass the 227 KB limit (384: 228 KB).  512: 208 KB/CTA; 384: 156 KB/CTA.
 template <> struct DecodeTraits<384> { static constexpr int kStages = 2, kMinBlocks = 1, kMinBlocksFp8 = 0, kVSplits = 2; };
 template <> struct DecodeTraits<512> { static constexpr int kStages = 2, kMinBlocks = 1, kMinBlocksFp8 = 0, kVSplits = 2; };
@@ -472,9 +492,9 @@ __device__ void flash_decode(const DecodeParams& dp) {
   constexpr int kCtasPerSm = kFp8 ? DecodeTraits<kD>::kMinBlocksFp8 : DecodeTraits<kD>::kMinBlocks;
   constexpr int kMergeLoads = 65536 / (kDecodeThreads * kCtasPerSm) >= 160 ? 16 : 8;
   static_assert(!kFp8 || (kVSplits == 1 && kD % 32 == 0), "float8 K/V: head dims 64 / 128 / 256");
-  // kMinBlocksFp8 CTAs (each with ~1 KB reserved and ~0.7 KB static) fit an sm_90 SM's 228 KB.
-  static_assert(!kFp8 || DecodeTraits<kD>::kMinBlocksFp8 * (Sm::kBytes + 2048) <= 228 * 1024,
-                "float8 decode: kMinBlocksFp8 CTAs do not fit one SM");
+  // kCtasPerSm CTAs (each with ~1 KB reserved and ~0.7 KB static) fit an sm_90 SM's 228 KB.
+  static_assert(kCtasPerSm * (Sm::kBytes + 2048) <= 228 * 1024,
+                "decode: kMinBlocks / kMinBlocksFp8 CTAs do not fit one SM");
   const FwdParams& p = dp.f;
   extern __shared__ __align__(128) unsigned char smem[];  // 128: ring lines (DecodeSmem)
   __shared__ float s_m[kDecodeWarps][kDecodeRows], s_l[kDecodeWarps][kDecodeRows];
