@@ -189,10 +189,11 @@ def measure_peers(timer, q, k, v, n_b2b):
     return peers, ref
 
 
-def random_qkv(B, ctx, H, Hk):
+def random_qkv(B, ctx, H, Hk, D=D):
     """One new query token per sequence and a contiguous K/V cache, bf16 N(0, 1) values:
     q (B, 1, H, D), k / v (B, ctx, Hk, D) -- the inputs of every decode row (the peers read
-    k / v as they are; :func:`paged_cache` scatters them for ours)."""
+    k / v as they are; :func:`paged_cache` scatters them for ours).  ``D``: the head dim (the
+    rows' 128 unless a probe asks for another)."""
     q = cupy.empty((B, 1, H, D), BF16)
     k = cupy.empty((B, ctx, Hk, D), BF16)
     v = cupy.empty((B, ctx, Hk, D), BF16)

@@ -1,6 +1,6 @@
 """Decode kernel time against the L2 flush and the split count (issue 16 / 15 probe).
 
-For each row (B:ctx, GQA 32/8, D = 128, bench_decode.py's paged cache of --page rows, a divisor
+For each row (B:ctx, GQA 32/8, D = --dim (128), bench_decode.py's paged cache of --page rows, a divisor
 of ctx, pages scattered), GPU time of
 one decode step (CUDA events around the call; the GPU kept busy by the flush before it, as
 bench_decode.py's kernel-only column), ours with the heuristic's split count and each forced
@@ -14,7 +14,7 @@ flushes before each timed call:
 
     CUPY_FLASHATTN_SM90_DEFINES=... PYTHONPATH=. python3 tools/decode_ring_probe.py \
         [--rows 64:4096,16:16384,1:4096,1:32768] [--splits 0,8,16,32] [--page 16] [--contig]
-        [--kv bf16|fp8] [--layouts nhd,hnd]
+        [--kv bf16|fp8] [--layouts nhd,hnd] [--dim 64|128|256]
 
 --kv fp8: ours over float8 e4m3 bytes (bench_decode.py's quantized cache; cuDNN stays on bf16).
 --layouts: the page pool as vLLM lays it out, (pages, P, Hk, D) ("nhd": one key row of a kv
@@ -51,8 +51,9 @@ def main(argv=None):
     ap.add_argument("--contig", action="store_true", help="ours on a contiguous cache, no table")
     ap.add_argument("--kv", default="bf16", choices=("bf16", "fp8"))
     ap.add_argument("--layouts", default="nhd", help="nhd, hnd or both (comma list); paged only")
+    ap.add_argument("--dim", type=int, default=128, help="head dim (64 / 128 / 256 for --kv fp8)")
     args = ap.parse_args(argv)
-    H, Hk, D, P = 32, 8, 128, args.page
+    H, Hk, D, P = 32, 8, args.dim, args.page
     timers = (Timer("memset"), Timer("clean"))  # bench_decode.py's kernel-only timing
 
     def kernel_us(fn):
@@ -60,7 +61,7 @@ def main(argv=None):
     tag = os.environ.get("CUPY_FLASHATTN_SM90_DEFINES", "") or "default"
     for row in args.rows.split(","):
         B, ctx = (int(x) for x in row.split(":"))
-        q, k, v = random_qkv(B, ctx, H, Hk)  # bench_decode.py's inputs and pages
+        q, k, v = random_qkv(B, ctx, H, Hk, D)  # bench_decode.py's inputs and pages
         k8, v8 = quantized(k, v) if args.kv == "fp8" else (k, v)
         fp8_kw = dict(kv_cache_dtype="fp8", k_scale=FP8_SCALE, v_scale=FP8_SCALE) if args.kv == "fp8" else {}
         lens = cupy.full((B,), ctx, dtype=np.int32)
@@ -95,7 +96,7 @@ def main(argv=None):
                 cells.append(f"cuDNN: {tm:.1f}/{tc:.1f} (err {err:.1e})")
             except Exception as e:  # pragma: no cover -- no torch on this machine
                 cells.append(f"cuDNN: n/a ({type(e).__name__}: {str(e)[:80]})")
-        print(f"[{tag}] {args.kv} B={B} ctx={ctx} page={0 if args.contig else P} {gbytes:.3f} GB, us memset/clean flush  "
+        print(f"[{tag}] {args.kv} D={D} B={B} ctx={ctx} page={0 if args.contig else P} {gbytes:.3f} GB, us memset/clean flush  "
               + "  ".join(cells), flush=True)
         del q, k, v, k8, v8
         cupy.get_default_memory_pool().free_all_blocks()
