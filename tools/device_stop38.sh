@@ -17,12 +17,29 @@
 #               that bounds float8; D = 64 at 5 spills 44 bytes);
 #     stages2:  D = 128 ring of 2 slots per warp, the 16-bit kernel at 3 CTAs per SM (12 warps
 #               with one tile in flight each instead of 8 with two).
+# MODE=coverage (call 3, ~4 min): issue 16's named shapes through bench_decode.py -- B = 64
+#   ctx 4096 at GQA ratios 1 / 4 / 8 and MQA (32/32, 32/8, 32/4, 32/1) over pages 1, 8, 16, 64,
+#   256, bf16 (the ">= 0.95 of copy" rows), and B = 1 at ctx 4096 / 32768 beside cuDNN.
 set -u
 OUT=${OUT:-/tmp/fa_stop38}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
 if [ "${MODE:-confirm}" = confirm ]; then
   MODE=confirm OUT="$OUT" bash tools/device_stop37.sh
   exit $?
+fi
+if [ "$MODE" = coverage ]; then
+  R="$OUT/coverage"; mkdir -p "$R"
+  stamp "bench_decode: issue 16's head ratios and page sizes"
+  timeout 400 python3 benchmarks/bench_decode.py --rows 64:4096 --heads 32/32,32/8,32/4,32/1 \
+    --pages 1,8,16,64,256 --kv bf16 --out "$R" > "$R/bench_decode.txt" 2>&1
+  grep "^| [0-9]" "$R/bench_decode.txt" | cut -d"|" -f2-10,12-13,16-19
+  mkdir -p "$R/b1"
+  timeout 150 python3 benchmarks/bench_decode.py --rows 1:4096,1:32768 --heads 32/8 --pages 16 \
+    --kv bf16,fp8 --out "$R/b1" > "$R/b1/bench_decode.txt" 2>&1
+  grep "^| [0-9]" "$R/b1/bench_decode.txt" | cut -d"|" -f2-10,12-13,16-19
+  tar -C "$OUT" -czf "$OUT/coverage.tgz" coverage && rm -rf "$R"
+  stamp done
+  exit 0
 fi
 L="$OUT/sweep"; mkdir -p "$L"
 FP8CTAS="FA_DECODE_FP8_CTAS_D64=5,FA_DECODE_FP8_CTAS_D128=4,FA_DECODE_FP8_CTAS_D256=2"
