@@ -16,9 +16,64 @@
 #   quickbench of paged D = 256 (page 16) at S = 4000 / 2000 (multiples of 80: no gathered
 #   sequence-end tile) beside 4096 / 2048 (QB=0 skips it); bench.tgz.
 #   CTESTS, DROWS, KVS narrow the tests, decode rows and KV dtypes when device time is short.
+#   (Not yet run: the device budget of this stop's second session went to a refused start.
+#   The next session runs it first, then sweep and coverage on the same warm machine.)
+# MODE=sweep (~6 min): issue 16's occupancy sweep of the decode kernel through its sweep
+#   switches (flash_decode.cu; NVRTC sm_90 registers in the comment there), kernel time by
+#   tools/decode_ring_probe.py (page 16, the split rule's count), then the decode and float8
+#   decode GPU tests under the variant that adds CTAs:
+#     default;
+#     fp8ctas:  float8 D = 64 / 128 / 256 at 5 / 4 / 2 CTAs per SM (B = 64, 8 kv heads: 512 CTAs
+#               on 528 slots instead of 396, and 16 warps per SM to hide the per-tile latency
+#               that bounds float8; D = 64 at 5 spills 44 bytes);
+#     stages2:  D = 128 ring of 2 slots per warp, the 16-bit kernel at 3 CTAs per SM (12 warps
+#               with one tile in flight each instead of 8 with two).
+# MODE=coverage (~4 min): issue 16's named shapes through bench_decode.py -- B = 64 ctx 4096 at
+#   GQA ratios 1 / 4 / 8 and MQA (32/32, 32/8, 32/4, 32/1) over pages 1, 8, 16, 64, 256, bf16
+#   (the ">= 0.95 of copy" rows), and B = 1 at ctx 4096 / 32768 beside cuDNN.
 set -u
 OUT=${OUT:-/tmp/fa_stop37}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
+if [ "${MODE:-record}" = coverage ]; then
+  R="$OUT/coverage"; mkdir -p "$R"
+  stamp "bench_decode: issue 16's head ratios and page sizes"
+  timeout 400 python3 benchmarks/bench_decode.py --rows 64:4096 --heads 32/32,32/8,32/4,32/1 \
+    --pages 1,8,16,64,256 --kv bf16 --out "$R" > "$R/bench_decode.txt" 2>&1
+  grep "^| [0-9]" "$R/bench_decode.txt" | cut -d"|" -f2-10,12-13,16-19
+  mkdir -p "$R/b1"
+  timeout 150 python3 benchmarks/bench_decode.py --rows 1:4096,1:32768 --heads 32/8 --pages 16 \
+    --kv bf16,fp8 --out "$R/b1" > "$R/b1/bench_decode.txt" 2>&1
+  grep "^| [0-9]" "$R/b1/bench_decode.txt" | cut -d"|" -f2-10,12-13,16-19
+  tar -C "$OUT" -czf "$OUT/coverage.tgz" coverage && rm -rf "$R"
+  stamp done
+  exit 0
+fi
+if [ "${MODE:-record}" = sweep ]; then
+  L="$OUT/sweep"; mkdir -p "$L"
+  FP8CTAS="FA_DECODE_FP8_CTAS_D64=5,FA_DECODE_FP8_CTAS_D128=4,FA_DECODE_FP8_CTAS_D256=2"
+  STAGES2="FA_DECODE_STAGES_D128=2,FA_DECODE_CTAS_D128=3"
+  probe() {  # $1 defines ("" = default), then decode_ring_probe.py arguments
+    local defs=$1; shift
+    CUPY_FLASHATTN_SM90_DEFINES="$defs" timeout 90 python3 tools/decode_ring_probe.py \
+      --rows ${SROWS:-64:4096,16:16384,1:4096} --splits 0 "$@" 2>&1 | tee -a "$L/probe.txt" | grep "^\["
+  }
+  stamp "default, with cuDNN (bf16 K/V) beside"
+  probe "" --kv bf16 --dim 128
+  probe "" --kv fp8 --dim 128 --no-peer
+  for d in 64 256; do probe "" --kv fp8 --dim $d --no-peer; done
+  stamp "fp8ctas"
+  for d in 64 128 256; do probe "$FP8CTAS" --kv fp8 --dim $d --no-peer; done
+  stamp "stages2"
+  probe "$STAGES2" --kv bf16 --dim 128 --no-peer
+  probe "$STAGES2" --kv fp8 --dim 128 --no-peer
+  stamp "decode GPU tests under fp8ctas"
+  CUPY_FLASHATTN_SM90_DEFINES="$FP8CTAS" OUT="$L/tests_fp8ctas" SERIAL= PRECOMPILE=0 PYTEST_TIMEOUT=120 \
+    TESTS="tests/gpu/test_gpu_decode.py tests/gpu/test_gpu_fp8_decode.py" \
+    bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 8
+  tar -C "$OUT" -czf "$OUT/sweep.tgz" sweep && rm -rf "$L"
+  stamp done
+  exit 0
+fi
 if [ "${MODE:-record}" = confirm ]; then
   R="$OUT/bench"; mkdir -p "$R"
   stamp "decode GPU tests"

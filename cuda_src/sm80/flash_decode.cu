@@ -112,7 +112,7 @@ struct DecodeParams {
 // Sweep switches, for device A/B runs only (the host's shared memory, register budget and split
 // rule follow them through device_facts): FA_DECODE_FP8_CTAS_D<64|128|256>, the float8
 // kernel's CTAs per SM; FA_DECODE_STAGES_D128 / FA_DECODE_CTAS_D128, the D = 128 ring's slots
-// per warp and the 16-bit kernel's CTAs per SM.  NVRTC sm_90 (stop 38): float8 D = 128 at 4
+// per warp and the 16-bit kernel's CTAs per SM.  NVRTC sm_90 (stop 37): float8 D = 128 at 4
 // CTAs 127 registers, D = 256 at 2 CTAs 246, both without spills; D = 64 at 5 spills 44 bytes.
 #ifndef FA_DECODE_STAGES_D128
 #define FA_DECODE_STAGES_D128 3
