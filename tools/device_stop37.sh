@@ -67,7 +67,7 @@ if [ "${MODE:-record}" = sweep ]; then
   probe "$STAGES2" --kv bf16 --dim 128 --no-peer
   probe "$STAGES2" --kv fp8 --dim 128 --no-peer
   stamp "decode GPU tests under fp8ctas"
-  CUPY_FLASHATTN_SM90_DEFINES="$FP8CTAS" OUT="$L/tests_fp8ctas" SERIAL= PRECOMPILE=0 PYTEST_TIMEOUT=120 \
+  CUPY_FLASHATTN_SM90_DEFINES="$FP8CTAS" OUT="$L/tests_fp8ctas" SERIAL= PYTEST_TIMEOUT=150 \
     TESTS="tests/gpu/test_gpu_decode.py tests/gpu/test_gpu_fp8_decode.py" \
     bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 8
   tar -C "$OUT" -czf "$OUT/sweep.tgz" sweep && rm -rf "$L"
