@@ -27,7 +27,11 @@
 #               on 528 slots instead of 396, and 16 warps per SM to hide the per-tile latency
 #               that bounds float8; D = 64 at 5 spills 44 bytes);
 #     stages2:  D = 128 ring of 2 slots per warp, the 16-bit kernel at 3 CTAs per SM (12 warps
-#               with one tile in flight each instead of 8 with two).
+#               with one tile in flight each instead of 8 with two);
+#     release:  the split counter ordered by one thread's fence.acq_rel (CUTLASS's semaphore)
+#               instead of every thread's __threadfence -- B = 1 timeline (stores -> counter)
+#               and kernel time at ctx 512 / 4096 / 32768.
+#   The decode tests then run under fp8ctas and release together.
 # MODE=coverage (~4 min): issue 16's named shapes through bench_decode.py -- B = 64 ctx 4096 at
 #   GQA ratios 1 / 4 / 8 and MQA (32/32, 32/8, 32/4, 32/1) over pages 1, 8, 16, 64, 256, bf16
 #   (the ">= 0.95 of copy" rows), and B = 1 at ctx 4096 / 32768 beside cuDNN.
@@ -52,6 +56,7 @@ if [ "${MODE:-record}" = sweep ]; then
   L="$OUT/sweep"; mkdir -p "$L"
   FP8CTAS="FA_DECODE_FP8_CTAS_D64=5,FA_DECODE_FP8_CTAS_D128=4,FA_DECODE_FP8_CTAS_D256=2"
   STAGES2="FA_DECODE_STAGES_D128=2,FA_DECODE_CTAS_D128=3"
+  RELEASE="FA_DECODE_COUNTER_RELEASE=1"
   probe() {  # $1 defines ("" = default), then decode_ring_probe.py arguments
     local defs=$1; shift
     CUPY_FLASHATTN_SM90_DEFINES="$defs" timeout 90 python3 tools/decode_ring_probe.py \
@@ -66,8 +71,14 @@ if [ "${MODE:-record}" = sweep ]; then
   stamp "stages2"
   probe "$STAGES2" --kv bf16 --dim 128 --no-peer
   probe "$STAGES2" --kv fp8 --dim 128 --no-peer
-  stamp "decode GPU tests under fp8ctas"
-  CUPY_FLASHATTN_SM90_DEFINES="$FP8CTAS" OUT="$L/tests_fp8ctas" SERIAL= PYTEST_TIMEOUT=150 \
+  for d in "" "$RELEASE"; do
+    stamp "B = 1 timeline [${d:-default}]"
+    CUPY_FLASHATTN_SM90_DEFINES="$d" timeout 60 python3 tools/decode_timeline.py \
+      --rows 1:512,1:4096,1:32768 2>&1 | tee -a "$L/timeline.txt" | grep "^B="
+    probe "$d" --kv bf16 --dim 128 --no-peer --rows 1:512,1:4096,1:32768
+  done
+  stamp "decode GPU tests under fp8ctas + release"
+  CUPY_FLASHATTN_SM90_DEFINES="$FP8CTAS,$RELEASE" OUT="$L/tests_fp8ctas" SERIAL= PYTEST_TIMEOUT=150 \
     TESTS="tests/gpu/test_gpu_decode.py tests/gpu/test_gpu_fp8_decode.py" \
     bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 8
   tar -C "$OUT" -czf "$OUT/sweep.tgz" sweep && rm -rf "$L"

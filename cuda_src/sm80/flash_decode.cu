@@ -68,6 +68,16 @@
 #ifndef FA_DECODE_FUSED_COMBINE
 #define FA_DECODE_FUSED_COMBINE 1
 #endif
+// FA_DECODE_COUNTER_RELEASE (a sweep switch, 0 by default): the split counter's ordering as
+// CUTLASS's semaphore has it -- a CTA barrier, then one thread's fence.acq_rel.gpu before a
+// relaxed atomic (release: every thread's partial stores precede it through the barrier), and
+// the last CTA's thread another fence.acq_rel.gpu after it (acquire) before the barrier that
+// lets the merge read -- instead of __threadfence() (fence.sc.gpu) by every thread and again in
+// the last CTA.  For a B = 1 step, whose ~0.7 us from the stores to the counter's answer
+// (decode_timeline.py, stop 37) lies on its critical path.
+#ifndef FA_DECODE_COUNTER_RELEASE
+#define FA_DECODE_COUNTER_RELEASE 0
+#endif
 #include "../attn/block_info.cuh"
 #include "../attn/fp8.cuh"
 #include "../attn/mask.cuh"
@@ -880,6 +890,21 @@ __device__ void flash_decode(const DecodeParams& dp) {
       // then counts itself in; the one that counts last sees every other CTA's partials (read
       // from L2: merge_split_partials) and resets the counter for the next launch (graph replays).
       __shared__ int s_last;
+#if FA_DECODE_COUNTER_RELEASE
+      __syncthreads();  // every thread's partial stores, before thread 0's release below
+      if (tidx == 0) {
+        int* counter = dp.split_counters + ((i64)bidb * gridDim.y + blockIdx.y) * dp.m_blocks + m_block;
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        const int arrived = atomicAdd(counter, 1);  // relaxed
+        const bool last = arrived == dp.num_splits - 1;
+        if (last) {
+          asm volatile("fence.acq_rel.gpu;" ::: "memory");  // the other CTAs' partials, acquired
+          *counter = 0;
+        }
+        s_last = last;
+      }
+      __syncthreads();  // the merge's loads after thread 0's acquire
+#else
       __threadfence();
       __syncthreads();
       if (tidx == 0) {
@@ -889,9 +914,12 @@ __device__ void flash_decode(const DecodeParams& dp) {
         if (s_last) *counter = 0;
       }
       __syncthreads();
+#endif
       FA_DECODE_STAMP(5);
       if (s_last) {
+#if !FA_DECODE_COUNTER_RELEASE
         __threadfence();
+#endif
         CombineParams cp;  // the fields merge_split_partials reads
         cp.o_in = dp.oaccum;
         cp.lse_in = dp.lse_accum;
