@@ -23,7 +23,7 @@ head is D elements, the next row of that head Hk * D further), or FlashInfer's "
 contiguous P * D run.  Does the DRAM access pattern of the pool, not the kernel, bound decode?
 
 --splits applies to the rows with fewer CTAs than SM slots (B * 8 < 132); the others take the
-heuristic's choice only.
+heuristic's choice only, unless --splits-all (e.g. the wave count of a large batch).
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ def main(argv=None):
     ap.add_argument("--kv", default="bf16", choices=("bf16", "fp8"))
     ap.add_argument("--layouts", default="nhd", help="nhd, hnd or both (comma list); paged only")
     ap.add_argument("--dim", type=int, default=128, help="head dim (64 / 128 / 256 for --kv fp8)")
+    ap.add_argument("--splits-all", action="store_true",
+                    help="--splits on every row, not only those of fewer CTAs than SMs")
     args = ap.parse_args(argv)
     H, Hk, D, P = 32, 8, args.dim, args.page
     timers = (Timer("memset"), Timer("clean"))  # bench_decode.py's kernel-only timing
@@ -66,7 +68,7 @@ def main(argv=None):
         fp8_kw = dict(kv_cache_dtype="fp8", k_scale=FP8_SCALE, v_scale=FP8_SCALE) if args.kv == "fp8" else {}
         lens = cupy.full((B,), ctx, dtype=np.int32)
         gbytes = 2 * B * ctx * Hk * D * k8.itemsize / 1e9
-        splits = [int(s) for s in args.splits.split(",")] if B * Hk < 132 else [0]
+        splits = [int(s) for s in args.splits.split(",")] if B * Hk < 132 or args.splits_all else [0]
         ref = None
         cells = []
         for layout in (["contig"] if args.contig else args.layouts.split(",")):

@@ -31,7 +31,9 @@
 #     release:  the split counter ordered by one thread's fence.acq_rel (CUTLASS's semaphore)
 #               instead of every thread's __threadfence -- B = 1 timeline (stores -> counter)
 #               and kernel time at ctx 512 / 4096 / 32768.
-#   The decode tests then run under fp8ctas and release together.
+#   The decode tests then run under fp8ctas and release together.  Also float8 D = 128 at
+#   forced split counts 1-4 for B = 64 / 16 (waves against occupancy: is the B = 64 float8 row
+#   bound by its 2.6-wave tail -- 1024 CTAs on 396 slots -- rather than by the kernel?).
 # MODE=coverage (~4 min): issue 16's named shapes through bench_decode.py -- B = 64 ctx 4096 at
 #   GQA ratios 1 / 4 / 8 and MQA (32/32, 32/8, 32/4, 32/1) over pages 1, 8, 16, 64, 256, bf16
 #   (the ">= 0.95 of copy" rows), and B = 1 at ctx 4096 / 32768 beside cuDNN.
@@ -66,6 +68,8 @@ if [ "${MODE:-record}" = sweep ]; then
   probe "" --kv bf16 --dim 128
   probe "" --kv fp8 --dim 128 --no-peer
   for d in 64 256; do probe "" --kv fp8 --dim $d --no-peer; done
+  stamp "float8 D = 128 waves: forced splits at 3 CTAs per SM (B = 64: 2 splits = 2.6 waves)"
+  probe "" --kv fp8 --dim 128 --no-peer --rows 64:4096,16:16384 --splits 0,1,2,3,4 --splits-all
   stamp "fp8ctas"
   for d in 64 128 256; do probe "$FP8CTAS" --kv fp8 --dim $d --no-peer; done
   stamp "stages2"
