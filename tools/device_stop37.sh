@@ -18,20 +18,23 @@
 #   CTESTS, DROWS, KVS narrow the tests, decode rows and KV dtypes when device time is short.
 #   (Not yet run: the device budget of this stop's second session went to a refused start.
 #   The next session runs it first, then sweep and coverage on the same warm machine.)
-# MODE=sweep (~6 min): issue 16's occupancy sweep of the decode kernel through its sweep
+# MODE=sweep (~7 min): issue 16's occupancy sweep of the decode kernel through its sweep
 #   switches (flash_decode.cu; NVRTC sm_90 registers in the comment there), kernel time by
 #   tools/decode_ring_probe.py (page 16, the split rule's count), then the decode and float8
 #   decode GPU tests under the variant that adds CTAs:
 #     default;
-#     fp8ctas:  float8 D = 64 / 128 / 256 at 5 / 4 / 2 CTAs per SM (B = 64, 8 kv heads: 512 CTAs
-#               on 528 slots instead of 396, and 16 warps per SM to hide the per-tile latency
-#               that bounds float8; D = 64 at 5 spills 44 bytes);
+#     fp8ctas:  float8 D = 128 / 256 at 4 / 2 CTAs per SM (B = 64, 8 kv heads: 512 CTAs on 528
+#               slots instead of 396, and 16 warps per SM; D = 64 at 5 spills 44 bytes, so its
+#               probe is left out), also with late;
 #     stages2:  D = 128 ring of 2 slots per warp, the 16-bit kernel at 3 CTAs per SM (12 warps
 #               with one tile in flight each instead of 8 with two);
 #     release:  the split counter ordered by one thread's fence.acq_rel (CUTLASS's semaphore)
 #               instead of every thread's __threadfence -- B = 1 timeline (stores -> counter)
 #               and kernel time at ctx 512 / 4096 / 32768.
-#   The decode tests then run under fp8ctas and release together.  Also float8 D = 128 at
+#     late:     FA_DECODE_LATE_TABLE -- the next tile's page ids loaded one iteration ahead and
+#               used only when its copies are issued (the SASS had every paged iteration wait
+#               out a table load before its tile), bf16 and float8, beside page 256's rows;
+#   the decode tests then run under fp8ctas, release and late together.  Also float8 D = 128 at
 #   forced split counts 1-4 for B = 64 / 16 (waves against occupancy: is the B = 64 float8 row
 #   bound by its 2.6-wave tail -- 1024 CTAs on 396 slots -- rather than by the kernel?).
 # MODE=coverage (~4 min): issue 16's named shapes through bench_decode.py -- B = 64 ctx 4096 at
@@ -59,19 +62,25 @@ if [ "${MODE:-record}" = sweep ]; then
   FP8CTAS="FA_DECODE_FP8_CTAS_D64=5,FA_DECODE_FP8_CTAS_D128=4,FA_DECODE_FP8_CTAS_D256=2"
   STAGES2="FA_DECODE_STAGES_D128=2,FA_DECODE_CTAS_D128=3"
   RELEASE="FA_DECODE_COUNTER_RELEASE=1"
+  LATE="FA_DECODE_LATE_TABLE=1"
   probe() {  # $1 defines ("" = default), then decode_ring_probe.py arguments
     local defs=$1; shift
     CUPY_FLASHATTN_SM90_DEFINES="$defs" timeout 90 python3 tools/decode_ring_probe.py \
       --rows ${SROWS:-64:4096,16:16384,1:4096} --splits 0 "$@" 2>&1 | tee -a "$L/probe.txt" | grep "^\["
   }
-  stamp "default, with cuDNN (bf16 K/V) beside"
+  stamp "default, with cuDNN (bf16 K/V) beside; page 256 for the page-16 gap"
   probe "" --kv bf16 --dim 128
+  probe "" --kv bf16 --dim 128 --no-peer --page 256 --rows 64:4096,16:16384
   probe "" --kv fp8 --dim 128 --no-peer
-  for d in 64 256; do probe "" --kv fp8 --dim $d --no-peer; done
+  probe "" --kv fp8 --dim 256 --no-peer
+  stamp "late table"
+  probe "$LATE" --kv bf16 --dim 128 --no-peer
+  probe "$LATE" --kv fp8 --dim 128 --no-peer
   stamp "float8 D = 128 waves: forced splits at 3 CTAs per SM (B = 64: 2 splits = 2.6 waves)"
   probe "" --kv fp8 --dim 128 --no-peer --rows 64:4096,16:16384 --splits 0,1,2,3,4 --splits-all
   stamp "fp8ctas"
-  for d in 64 128 256; do probe "$FP8CTAS" --kv fp8 --dim $d --no-peer; done
+  for d in 128 256; do probe "$FP8CTAS" --kv fp8 --dim $d --no-peer; done
+  probe "$FP8CTAS,$LATE" --kv fp8 --dim 128 --no-peer
   stamp "stages2"
   probe "$STAGES2" --kv bf16 --dim 128 --no-peer
   probe "$STAGES2" --kv fp8 --dim 128 --no-peer
@@ -81,8 +90,8 @@ if [ "${MODE:-record}" = sweep ]; then
       --rows 1:512,1:4096,1:32768 2>&1 | tee -a "$L/timeline.txt" | grep "^B="
     probe "$d" --kv bf16 --dim 128 --no-peer --rows 1:512,1:4096,1:32768
   done
-  stamp "decode GPU tests under fp8ctas + release"
-  CUPY_FLASHATTN_SM90_DEFINES="$FP8CTAS,$RELEASE" OUT="$L/tests_fp8ctas" SERIAL= PYTEST_TIMEOUT=150 \
+  stamp "decode GPU tests under fp8ctas + release + late table"
+  CUPY_FLASHATTN_SM90_DEFINES="$FP8CTAS,$RELEASE,$LATE" OUT="$L/tests_variants" SERIAL= PYTEST_TIMEOUT=150 \
     TESTS="tests/gpu/test_gpu_decode.py tests/gpu/test_gpu_fp8_decode.py" \
     bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 8
   tar -C "$OUT" -czf "$OUT/sweep.tgz" sweep && rm -rf "$L"

@@ -61,6 +61,14 @@ struct PagedKeys {
     if (!page_present(id, num_pages)) return -1;
     return page_row_offset(id, pos - idx * page_size, page_stride, row_stride);
   }
+  // row_offset in two steps, for a caller that loads the id early and uses it late (the load's
+  // latency then hides behind other work instead of stalling at the present test): the page id
+  // of key position pos as the table holds it, then the offset from it.
+  __device__ __forceinline__ int page_id(int pos) const { return table[page.div(pos)]; }
+  __device__ __forceinline__ i64 row_offset(int pos, int id) const {
+    if (!page_present(id, num_pages)) return -1;
+    return page_row_offset(id, pos - page.div(pos) * page_size, page_stride, row_stride);
+  }
 };
 
 }  // namespace fa

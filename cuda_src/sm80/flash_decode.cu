@@ -78,6 +78,17 @@
 #ifndef FA_DECODE_COUNTER_RELEASE
 #define FA_DECODE_COUNTER_RELEASE 0
 #endif
+// FA_DECODE_LATE_TABLE (a sweep switch, 0 by default): the main loop loads the next tile's page
+// ids one iteration ahead and turns them into offsets only when it issues that tile's copies.
+// Without it, the offset (present test, multiply) follows the table load at once: the SASS
+// (sm_90, bf16 D = 128) has LDG table -> ISETP -> BRA before the DEPBAR of the tile being
+// computed, so every iteration of a paged warp waits out a table load (an L2 round trip, or
+// DRAM for the first CTA to touch a table line) on top of its tile.  Page 16 (a table entry
+// per tile) ran 2-4% slower than page 256 (one per 16 tiles): stop 36, B = 64 ctx 4096 kernel
+// 367.8 vs 360.8 us, B = 16 ctx 16384 376.5 vs 363.2.
+#ifndef FA_DECODE_LATE_TABLE
+#define FA_DECODE_LATE_TABLE 0
+#endif
 #include "../attn/block_info.cuh"
 #include "../attn/fp8.cuh"
 #include "../attn/mask.cuh"
@@ -581,6 +592,24 @@ __device__ void flash_decode(const DecodeParams& dp) {
     if (!dp.paged) return (i64)(k_start + pos) * p.k_row_stride;
     return pages.row_offset(pos);
   };
+#if FA_DECODE_LATE_TABLE
+  // The same offsets in two steps (FA_DECODE_LATE_TABLE): the key's position and its page id
+  // as loaded (pos -1: no key; dense: id unused), then the offset when the copies are issued.
+  struct KeyRef { int pos, id; };
+  auto key_ref = [&](int t) -> KeyRef {
+    const int pos = t * kDecodeTileN + (lane & 15);
+    if (t >= t_end || pos >= len_k) return {-1, 0};
+    return {pos, dp.paged ? pages.page_id(pos) : 0};
+  };
+  auto key_offset = [&](KeyRef k) -> i64 {
+    if (k.pos < 0) return -1;
+    if (!dp.paged) return (i64)(k_start + k.pos) * p.k_row_stride;
+    return pages.row_offset(k.pos, k.id);
+  };
+#else
+  auto key_ref = row_offset;
+  auto key_offset = [](i64 off) { return off; };
+#endif
   // Issue the cp.async copies of the warp's j-th tile (key offsets `off`) into ring slot `slot`.
   auto issue = [&](int slot, i64 off) {
     const u32 kdst = ring + slot * Sm::kStageBytes, vdst = kdst + Sm::kRingTileBytes;
@@ -634,7 +663,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
     if (j < n_mine) issue(j, row_offset(tile_of(j)));
     cp_async_commit();  // always commit: group counting stays uniform
   }
-  i64 next_off = row_offset(tile_of(kStages - 1));  // page ids one issue ahead
+  auto next_key = key_ref(tile_of(kStages - 1));  // page ids one issue ahead
 
   // Per-lane rows: A = lane / 4, B = A + 8 (the two rows of an mma accumulator), packed row
   // pr -> query index pr / g, head hk * g + pr % g.  A padding row (pr >= rows_total) sees no
@@ -687,9 +716,9 @@ __device__ void flash_decode(const DecodeParams& dp) {
   for (int j = 0; j < n_mine; ++j) {
     // Refill the slot freed by tile j - 1 with tile j + kStages - 1 (its offsets were fetched
     // one iteration ago), then fetch the next page ids while tile j computes.
-    if (j + kStages - 1 < n_mine) issue((j + kStages - 1) % kStages, next_off);
+    if (j + kStages - 1 < n_mine) issue((j + kStages - 1) % kStages, key_offset(next_key));
     cp_async_commit();
-    next_off = row_offset(tile_of(j + kStages));
+    next_key = key_ref(tile_of(j + kStages));
     cp_async_wait<kStages - 1>();  // tile j has landed (this lane's copies) ...
     __syncwarp();                  // ... and every lane's copies are visible to the warp
 #if FA_DECODE_TIMELINE
