@@ -79,7 +79,9 @@
 #define FA_DECODE_COUNTER_RELEASE 0
 #endif
 // FA_DECODE_LATE_TABLE (a sweep switch, 0 by default): the main loop loads the next tile's page
-// ids one iteration ahead and turns them into offsets only when it issues that tile's copies.
+// ids one iteration ahead and turns them into offsets only when it issues that tile's copies,
+// and the prologue loads the ids of its first kStages tiles together (a B = 1 step's warps
+// have ~4 tiles each: their second and third tiles no longer wait for a table round trip each).
 // Without it, the offset (present test, multiply) follows the table load at once: the SASS
 // (sm_90, bf16 D = 128) has LDG table -> ISETP -> BRA before the DEPBAR of the tile being
 // computed, so every iteration of a paged warp waits out a table load (an L2 round trip, or
@@ -658,12 +660,26 @@ __device__ void flash_decode(const DecodeParams& dp) {
   auto tile_of = [&](int j) { return t_begin + warp + j * kDecodeWarps; };
 
   // ---- Prologue 2: the first kStages - 1 tiles of this warp in flight. ---------------------
+#if FA_DECODE_LATE_TABLE
+  // The page ids of the first kStages tiles loaded together (one table round trip, not one per
+  // tile: row_offset's present test would wait for each id before the next load).
+  KeyRef first_keys[kStages];
+#pragma unroll
+  for (int j = 0; j < kStages; ++j) first_keys[j] = key_ref(tile_of(j));  // past n_mine: no key
+#pragma unroll
+  for (int j = 0; j < kStages - 1; ++j) {
+    if (j < n_mine) issue(j, key_offset(first_keys[j]));
+    cp_async_commit();  // always commit: group counting stays uniform
+  }
+  auto next_key = first_keys[kStages - 1];  // page ids one issue ahead
+#else
 #pragma unroll
   for (int j = 0; j < kStages - 1; ++j) {
     if (j < n_mine) issue(j, row_offset(tile_of(j)));
     cp_async_commit();  // always commit: group counting stays uniform
   }
   auto next_key = key_ref(tile_of(kStages - 1));  // page ids one issue ahead
+#endif
 
   // Per-lane rows: A = lane / 4, B = A + 8 (the two rows of an mma accumulator), packed row
   // pr -> query index pr / g, head hk * g + pr % g.  A padding row (pr >= rows_total) sees no
