@@ -55,12 +55,7 @@ struct PagedKeys {
 
   // Element offset (head 0) of key position pos (0 <= pos < table width * P), or -1 when its
   // page is absent.
-  __device__ __forceinline__ i64 row_offset(int pos) const {
-    const int idx = page.div(pos);
-    const int id = table[idx];
-    if (!page_present(id, num_pages)) return -1;
-    return page_row_offset(id, pos - idx * page_size, page_stride, row_stride);
-  }
+  __device__ __forceinline__ i64 row_offset(int pos) const { return row_offset(pos, page_id(pos)); }
   // row_offset in two steps, for a caller that loads the id early and uses it late (the load's
   // latency then hides behind other work instead of stalling at the present test): the page id
   // of key position pos as the table holds it, then the offset from it.

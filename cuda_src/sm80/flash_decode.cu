@@ -594,9 +594,10 @@ __device__ void flash_decode(const DecodeParams& dp) {
     if (!dp.paged) return (i64)(k_start + pos) * p.k_row_stride;
     return pages.row_offset(pos);
   };
-#if FA_DECODE_LATE_TABLE
-  // The same offsets in two steps (FA_DECODE_LATE_TABLE): the key's position and its page id
-  // as loaded (pos -1: no key; dense: id unused), then the offset when the copies are issued.
+  // The same offset in two steps: the key's position and its page id as loaded (pos -1: no
+  // key; dense: id unused), then the offset -- FA_DECODE_LATE_TABLE issues the second a loop
+  // iteration later.  (row_offset as key_offset(key_ref(t)) would say it once, but changes the
+  // default build's machine code, which only a device run may verify.)
   struct KeyRef { int pos, id; };
   auto key_ref = [&](int t) -> KeyRef {
     const int pos = t * kDecodeTileN + (lane & 15);
@@ -608,9 +609,12 @@ __device__ void flash_decode(const DecodeParams& dp) {
     if (!dp.paged) return (i64)(k_start + k.pos) * p.k_row_stride;
     return pages.row_offset(k.pos, k.id);
   };
+#if FA_DECODE_LATE_TABLE
+  auto key_ahead = key_ref;  // the loop keeps a tile's ids, resolved when its copies are issued
+  auto resolve = key_offset;
 #else
-  auto key_ref = row_offset;
-  auto key_offset = [](i64 off) { return off; };
+  auto key_ahead = row_offset;  // the loop keeps a tile's offsets
+  auto resolve = [](i64 off) { return off; };
 #endif
   // Issue the cp.async copies of the warp's j-th tile (key offsets `off`) into ring slot `slot`.
   auto issue = [&](int slot, i64 off) {
@@ -678,7 +682,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
     if (j < n_mine) issue(j, row_offset(tile_of(j)));
     cp_async_commit();  // always commit: group counting stays uniform
   }
-  auto next_key = key_ref(tile_of(kStages - 1));  // page ids one issue ahead
+  auto next_key = key_ahead(tile_of(kStages - 1));  // page ids one issue ahead
 #endif
 
   // Per-lane rows: A = lane / 4, B = A + 8 (the two rows of an mma accumulator), packed row
@@ -732,9 +736,9 @@ __device__ void flash_decode(const DecodeParams& dp) {
   for (int j = 0; j < n_mine; ++j) {
     // Refill the slot freed by tile j - 1 with tile j + kStages - 1 (its offsets were fetched
     // one iteration ago), then fetch the next page ids while tile j computes.
-    if (j + kStages - 1 < n_mine) issue((j + kStages - 1) % kStages, key_offset(next_key));
+    if (j + kStages - 1 < n_mine) issue((j + kStages - 1) % kStages, resolve(next_key));
     cp_async_commit();
-    next_key = key_ref(tile_of(j + kStages));
+    next_key = key_ahead(tile_of(j + kStages));
     cp_async_wait<kStages - 1>();  // tile j has landed (this lane's copies) ...
     __syncwarp();                  // ... and every lane's copies are visible to the warp
 #if FA_DECODE_TIMELINE
@@ -935,31 +939,25 @@ __device__ void flash_decode(const DecodeParams& dp) {
       // then counts itself in; the one that counts last sees every other CTA's partials (read
       // from L2: merge_split_partials) and resets the counter for the next launch (graph replays).
       __shared__ int s_last;
-#if FA_DECODE_COUNTER_RELEASE
-      __syncthreads();  // every thread's partial stores, before thread 0's release below
-      if (tidx == 0) {
-        int* counter = dp.split_counters + ((i64)bidb * gridDim.y + blockIdx.y) * dp.m_blocks + m_block;
-        asm volatile("fence.acq_rel.gpu;" ::: "memory");
-        const int arrived = atomicAdd(counter, 1);  // relaxed
-        const bool last = arrived == dp.num_splits - 1;
-        if (last) {
-          asm volatile("fence.acq_rel.gpu;" ::: "memory");  // the other CTAs' partials, acquired
-          *counter = 0;
-        }
-        s_last = last;
-      }
-      __syncthreads();  // the merge's loads after thread 0's acquire
-#else
+#if !FA_DECODE_COUNTER_RELEASE
       __threadfence();
-      __syncthreads();
+#endif
+      __syncthreads();  // (COUNTER_RELEASE: every thread's stores before thread 0's release)
       if (tidx == 0) {
         int* counter = dp.split_counters + ((i64)bidb * gridDim.y + blockIdx.y) * dp.m_blocks + m_block;
+#if FA_DECODE_COUNTER_RELEASE
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");  // release, then a relaxed atomic
+#endif
         const int arrived = atomicAdd(counter, 1);
         s_last = arrived == dp.num_splits - 1;
-        if (s_last) *counter = 0;
-      }
-      __syncthreads();
+        if (s_last) {
+#if FA_DECODE_COUNTER_RELEASE
+          asm volatile("fence.acq_rel.gpu;" ::: "memory");  // acquire: the other CTAs' partials
 #endif
+          *counter = 0;
+        }
+      }
+      __syncthreads();  // (COUNTER_RELEASE: the merge's loads after thread 0's acquire)
       FA_DECODE_STAMP(5);
       if (s_last) {
 #if !FA_DECODE_COUNTER_RELEASE
