@@ -21,7 +21,7 @@
 # MODE=sweep (~7 min): issue 16's occupancy sweep of the decode kernel through its sweep
 #   switches (flash_decode.cu; NVRTC sm_90 registers in the comment there), kernel time by
 #   tools/decode_ring_probe.py (page 16, the split rule's count), then the decode and float8
-#   decode GPU tests under the variant that adds CTAs:
+#   decode GPU tests under the variants (the switches off by default are tried here only):
 #     default;
 #     fp8ctas:  float8 D = 128 / 256 at 4 / 2 CTAs per SM (B = 64, 8 kv heads: 512 CTAs on 528
 #               slots instead of 396, and 16 warps per SM; D = 64 at 5 spills 44 bytes, so its
