@@ -114,6 +114,9 @@ def test_graph_captured_step_replays_like_eager():
             want = fa.flash_attn_with_kvcache(q, via_cache, None, k=k, v=v, causal=True)
             steps.advance()
             q_in[...], k_in[...], v_in[...] = q, k, v
+            # The same step run eagerly first: it writes the same token to the same slot, so
+            # the replay that follows sees the cache it would have seen alone.
+            eager = step() if graph is not None else None
             if i == 0:
                 out = step()  # eager: compiles, validates and plans this signature
             elif graph is None:
@@ -125,5 +128,11 @@ def test_graph_captured_step_replays_like_eager():
                 out.fill(np.nan)
                 graph.launch(stream)
             stream.synchronize()
-            np.testing.assert_array_equal(out.get(), want.get())
+            if eager is not None:  # a replay computes exactly what its eager step computes
+                np.testing.assert_array_equal(out.get(), eager.get())
+            # The cache call path knows each length on the host; the step's plan only the
+            # table's capacity (96 keys), so the split rule may split the keys differently
+            # (1 or 2 splits here: rounding of a float32 merge, not a different answer).
+            np.testing.assert_allclose(out.get().astype(np.float32),
+                                       want.get().astype(np.float32), rtol=2e-3, atol=2e-4)
     np.testing.assert_array_equal(via_steps.k_pages.get(), via_cache.k_pages.get())
