@@ -206,7 +206,7 @@ def random_qkv(B, ctx, H, Hk, D=D):
 def paged_cache(k, v, P):
     """(k pages, v pages, block table): the keys of k/v (B, ctx, Hk, D) scattered over pages of
     P rows in a random order (in k's dtype: bf16, or uint8 float8 bytes)."""
-    B, ctx, Hk, _ = k.shape
+    B, ctx, Hk, D = k.shape
     nb = B * ctx // P
     perm = np.random.default_rng(P).permutation(nb).astype(np.int32)
     table = cupy.asarray(perm.reshape(B, ctx // P))

@@ -51,11 +51,12 @@ def main(argv=None):
     ap.add_argument("--contig", action="store_true", help="ours on a contiguous cache, no table")
     ap.add_argument("--kv", default="bf16", choices=("bf16", "fp8"))
     ap.add_argument("--layouts", default="nhd", help="nhd, hnd or both (comma list); paged only")
+    ap.add_argument("--heads", default="32/8", help="H/Hk")
     ap.add_argument("--dim", type=int, default=128, help="head dim (64 / 128 / 256 for --kv fp8)")
     ap.add_argument("--splits-all", action="store_true",
                     help="--splits on every row, not only those of fewer CTAs than SMs")
     args = ap.parse_args(argv)
-    H, Hk, D, P = 32, 8, args.dim, args.page
+    (H, Hk), D, P = map(int, args.heads.split("/")), args.dim, args.page
     timers = (Timer("memset"), Timer("clean"))  # bench_decode.py's kernel-only timing
 
     def kernel_us(fn):
