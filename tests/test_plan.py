@@ -353,9 +353,9 @@ def test_float8_kv_plans_the_float8_decode_kernel():
 
 def test_float8_bytes_plan_like_float8_arrays_and_their_splits_balance_waves():
     """uint8 K/V with ``kv_dtype`` (a GPU float8 cache: CuPy has no float8 dtype) plan the same
-    float8 kernel as float8 arrays.  The float8 kernel runs 3 CTAs per SM at D = 128, so
-    B = 64 x 8 kv heads (512 CTAs) is 1.3 waves of an H100's 396 slots: it is split to balance
-    the waves, where the 16-bit kernel (264 slots, 1.94 waves) is not."""
+    float8 kernel as float8 arrays.  The float8 kernel runs 4 CTAs per SM at D = 128 (stop 38),
+    so B = 64 x 8 kv heads (512 CTAs) is 0.97 of one wave of an H100's 528 slots and stays
+    unsplit; at 3 CTAs per SM (396 slots, 1.3 waves) the wave balance splits it in 2."""
     import copy
 
     from cupy_flashattn import fp8
@@ -366,8 +366,9 @@ def test_float8_bytes_plan_like_float8_arrays_and_their_splits_balance_waves():
     p8.kv_dtype = fp8.FLOAT8_E4M3FN
     assert p8.kv_float8 == fp8.FLOAT8_E4M3FN and p.kv_float8 is None
     key, m_blocks, splits = dc.plan(p8, sm_count=H100_SMS)
-    assert key.name == "fa_decode_f16_d128_kve4m3" and key.min_blocks == 3
-    assert m_blocks * 8 * 64 == 512 and splits == 2
+    assert key.name == "fa_decode_f16_d128_kve4m3" and key.min_blocks == 4
+    assert m_blocks * 8 * 64 == 512 and splits == 1
+    assert dc.num_splits_heuristic(512, 4096, H100_SMS, 4, balance_waves=True) == 1
     assert dc.plan(p, sm_count=H100_SMS)[2] == 1
     assert dc.num_splits_heuristic(512, 4096, H100_SMS, 3) == 1  # flash-attn's rule: full grid
     assert dc.num_splits_heuristic(512, 4096, H100_SMS, 3, balance_waves=True) == 2

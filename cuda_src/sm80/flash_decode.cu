@@ -78,8 +78,9 @@
 #ifndef FA_DECODE_COUNTER_RELEASE
 #define FA_DECODE_COUNTER_RELEASE 0
 #endif
-// FA_DECODE_LATE_TABLE (a sweep switch, 0 by default): the main loop loads the next tile's page
-// ids one iteration ahead and turns them into offsets only when it issues that tile's copies,
+// FA_DECODE_LATE_TABLE (on by default since stop 38; =0 builds the former order): the main
+// loop loads the next tile's page ids one iteration ahead and turns them into offsets only
+// when it issues that tile's copies,
 // and the prologue loads the ids of its first kStages tiles together (a B = 1 step's warps
 // have ~4 tiles each: their second and third tiles no longer wait for a table round trip each).
 // Without it, the offset (present test, multiply) follows the table load at once: the SASS
@@ -87,9 +88,12 @@
 // computed, so every iteration of a paged warp waits out a table load (an L2 round trip, or
 // DRAM for the first CTA to touch a table line) on top of its tile.  Page 16 (a table entry
 // per tile) ran 2-4% slower than page 256 (one per 16 tiles): stop 36, B = 64 ctx 4096 kernel
-// 367.8 vs 360.8 us, B = 16 ctx 16384 376.5 vs 363.2.
+// 367.8 vs 360.8 us, B = 16 ctx 16384 376.5 vs 363.2.  Measured (stop 38, H100, kernel time,
+// GQA 32/8 D = 128 page 16, clean flush): bf16 B = 1 ctx 4096 18.6 -> 18.0 us, B = 16 ctx 16384
+// 374.3 -> 372.4, B = 64 unchanged (366.6 / 366.2); float8 B = 1 17.7 -> 16.8, B = 64 220.7 ->
+// 217.9 -- the page-16 gap to page 256 is not the table after all (B = 64 page 256: 360.2).
 #ifndef FA_DECODE_LATE_TABLE
-#define FA_DECODE_LATE_TABLE 0
+#define FA_DECODE_LATE_TABLE 1
 #endif
 #include "../attn/block_info.cuh"
 #include "../attn/fp8.cuh"
@@ -130,8 +134,11 @@ struct DecodeParams {
 // ring holds half the bytes, so D = 128 fits 3 CTAs (60 KB each) where the 16-bit kernel fits
 // 2: 12 warps per SM hide the per-tile latency that bounds float8 decode (stop 32, H100: at 2
 // CTAs the float8 kernel read 1.8 TB/s, 0.6 of copy, with conversion no longer the limit).
-// (Chosen with the float8 kernel's former staging tile, 71 KB at D = 128: the smaller direct
-// CTAs would now also fit 5 at D = 64 and 2 at D = 256, not yet measured.)
+// D = 128 runs 4 CTAs (52 KB each, 127 registers) since stop 38's sweep (H100, GQA 32/8 page 16,
+// kernel time): B = 64 ctx 4096 220.7 -> 205.2 us (16 warps per SM; 512 CTAs on 528 slots run
+// unsplit in one wave, where 396 slots took 2 splits and 2.6 waves -- forcing 3 splits at 3
+// CTAs gave only 218.8, so the warps, not the wave tail, were what it lacked), B = 16 ctx
+// 16384 207.4 -> 208.0.  D = 64 at 5 spills (44 bytes); D = 256 at 2: see its define.
 // Sweep switches, for device A/B runs only (the host's shared memory, register budget and split
 // rule follow them through device_facts): FA_DECODE_FP8_CTAS_D<64|128|256>, the float8
 // kernel's CTAs per SM; FA_DECODE_STAGES_D128 / FA_DECODE_CTAS_D128, the D = 128 ring's slots
@@ -147,7 +154,7 @@ struct DecodeParams {
 #define FA_DECODE_FP8_CTAS_D64 4
 #endif
 #ifndef FA_DECODE_FP8_CTAS_D128
-#define FA_DECODE_FP8_CTAS_D128 3
+#define FA_DECODE_FP8_CTAS_D128 4
 #endif
 #ifndef FA_DECODE_FP8_CTAS_D256
 #define FA_DECODE_FP8_CTAS_D256 1
