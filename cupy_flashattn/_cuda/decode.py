@@ -296,8 +296,9 @@ def num_splits_heuristic(ctas: int, max_seqlen_k: int, num_sms: int, ctas_per_sm
     """flash-attn's rule: no split when the grid already fills ~80% of the SM slots; else the
     fewest splits whose wave efficiency is >= 85% of the best, with >= min_keys keys each.
     ``balance_waves``: no early exit for a full grid -- a grid of 1.3 waves also splits (the
-    float8 kernel, 3 CTAs per SM: B = 64, 8 kv heads is 512 CTAs on 396 slots, whose second
-    wave ran at a third of the SM slots; H100, stop 32).
+    float8 kernel when it ran 3 CTAs per SM: B = 64, 8 kv heads was 512 CTAs on 396 slots,
+    whose second wave ran at a third of the SM slots; H100, stop 32.  At 4 CTAs per SM, D = 128
+    since stop 38, the same grid is 0.97 of one wave and stays unsplit).
     Then a grid of fewer CTAs than SMs splits at least until every SM has one CTA, down to
     ``fill_keys`` keys a split (one 16-key tile per warp): such a step's time is the latency
     chain of each CTA (launch, lengths, table, K/V, the split merge), which shorter splits on
