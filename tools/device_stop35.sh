@@ -6,7 +6,8 @@
 #        of the sm90 prefill kernel, dense against paged 16 / 256 (bf16 D = 128 S = 512, the
 #        paged-gap row of NOTES.md): where the paged kernel's warps wait longer.  Read the CSVs
 #        with tools/ncu_source_top.py.
-#   MODE=splits / MODE=ncusrc: one of the two (PAGES: the paged cases, default "0 16 256").
+#   MODE=splits / MODE=ncusrc: one of the two (PAGES: the paged cases, default "0 16 256";
+#     D and S: the head dim and sequence length, default 128 and 512).
 #   MODE=sanitize: compute-sanitizer ($TOOLS, default memcheck racecheck) over
 #     tools/sanitize_cases.py.
 #   MODE=check: after a kernel change -- the whole GPU suite in shards, the sanitizers, then
@@ -32,13 +33,13 @@ if [ "$mode" = probe ] || [ "$mode" = ncusrc ]; then
   command -v ncu >/dev/null || { echo "ncu not found"; exit 1; }
   ncu --version | tail -n 1; mkdir -p /tmp/ncu_reps
   for page in ${PAGES:-0 16 256}; do
-    tag="d128_s${S:-512}_p${page}"
+    tag="d${D:-128}_s${S:-512}_p${page}"
     stamp "ncu source counters $tag"
     timeout ${NCU_TIMEOUT:-120} ncu --clock-control none --target-processes all \
       --kernel-name regex:fa_fwd_sm90 --launch-skip 3 --launch-count 1 \
       --section SourceCounters --section WarpStateStats --section SpeedOfLight \
       --export "/tmp/ncu_reps/ncu_$tag" --force-overwrite \
-      python3 tools/ncu_case.py --d 128 --s ${S:-512} --paged "$page" > "$OUT/ncu_$tag.log" 2>&1
+      python3 tools/ncu_case.py --d ${D:-128} --s ${S:-512} --paged "$page" > "$OUT/ncu_$tag.log" 2>&1
     tail -n 2 "$OUT/ncu_$tag.log"
     # The SASS source page with its per-instruction samples; the details page as a fallback.
     ncu -i "/tmp/ncu_reps/ncu_$tag.ncu-rep" --page source --csv --print-source sass \
