@@ -14,6 +14,10 @@
 #   kernel at D = 256 S = 4096, dense and page 16 (the paged kernel issues 13.5% more
 #   instructions: which lines), read with tools/ncu_source_top.py; and the stall reasons per
 #   issued instruction of dense D = 128 S = 4096 (the 29% of cycles the tensor pipe idles).
+# MODE=mqa (~2 min): issue 16's weak shape -- Nsight Compute (throughput, warp states, memory
+#   workload, L2 sectors) of the decode kernel on MQA 32/1 beside GQA 32/8 (B = 64 ctx 4096
+#   page 16) and cuDNN on the MQA row: MQA reads each key twice through L2 (two 16-row query
+#   tiles per kv head) and ran at 0.59-0.66 of copy where 32/8 runs 0.96-0.98.
 set -u
 OUT=${OUT:-/tmp/fa_stop38}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
@@ -47,6 +51,24 @@ if [ "${MODE:-verify16}" = ncu12 ]; then
     NCU_EXTRA="--metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
     bash tools/ncu_sm90.sh 2>&1 | tail -n 40
   tar -C "$OUT" -czf "$OUT/ncu12.tgz" ncu12 && rm -rf "$L"
+  stamp done
+  exit 0
+fi
+if [ "${MODE:-verify16}" = mqa ]; then
+  L="$OUT/mqa"; mkdir -p "$L"
+  M=gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum,sm__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active
+  for c in "mqa:decode_bf16:32/1" "gqa:decode_bf16:32/8" "cudnn_mqa:sdpa|cudnn|fmha|flash_fprop:32/1"; do
+    IFS=: read -r tag who heads <<< "$c"
+    stamp "ncu $tag"
+    timeout 120 ncu --clock-control none --kernel-name regex:"$who" --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis \
+      --section Occupancy --metrics "$M" \
+      python3 tools/decode_ring_probe.py --rows 64:4096 --splits 0 --heads "$heads" \
+      $([ "$tag" = cudnn_mqa ] || echo --no-peer) > "$L/ncu_$tag.txt" 2>&1
+    grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Warp Cycles Per Issued|^\s+(dram__|lts__|sm__)" \
+      "$L/ncu_$tag.txt" | sed "s/^/$tag /" | head -n 14
+  done
+  tar -C "$OUT" -czf "$OUT/mqa.tgz" mqa && rm -rf "$L"
   stamp done
   exit 0
 fi
