@@ -18,6 +18,9 @@
 #   CTESTS, DROWS, KVS narrow the tests, decode rows and KV dtypes when device time is short.
 #   (Not yet run: the device budget of this stop's second session went to a refused start.
 #   The next session runs it first, then sweep and coverage on the same warm machine.)
+# (Since stop 38 the late table is the kernel's only order and the release counter is gone:
+#  their defines no longer change the build, so MODE=sweep's "late" and "release" rows now
+#  time the default.)
 # MODE=sweep (~7 min): issue 16's occupancy sweep of the decode kernel through its sweep
 #   switches (flash_decode.cu; NVRTC sm_90 registers in the comment there), kernel time by
 #   tools/decode_ring_probe.py (page 16, the split rule's count), then the decode and float8

@@ -68,33 +68,6 @@
 #ifndef FA_DECODE_FUSED_COMBINE
 #define FA_DECODE_FUSED_COMBINE 1
 #endif
-// FA_DECODE_COUNTER_RELEASE (a sweep switch, 0 by default): the split counter's ordering as
-// CUTLASS's semaphore has it -- a CTA barrier, then one thread's fence.acq_rel.gpu before a
-// relaxed atomic (release: every thread's partial stores precede it through the barrier), and
-// the last CTA's thread another fence.acq_rel.gpu after it (acquire) before the barrier that
-// lets the merge read -- instead of __threadfence() (fence.sc.gpu) by every thread and again in
-// the last CTA.  For a B = 1 step, whose ~0.7 us from the stores to the counter's answer
-// (decode_timeline.py, stop 37) lies on its critical path.
-#ifndef FA_DECODE_COUNTER_RELEASE
-#define FA_DECODE_COUNTER_RELEASE 0
-#endif
-// FA_DECODE_LATE_TABLE (on by default since stop 38; =0 builds the former order): the main
-// loop loads the next tile's page ids one iteration ahead and turns them into offsets only
-// when it issues that tile's copies,
-// and the prologue loads the ids of its first kStages tiles together (a B = 1 step's warps
-// have ~4 tiles each: their second and third tiles no longer wait for a table round trip each).
-// Without it, the offset (present test, multiply) follows the table load at once: the SASS
-// (sm_90, bf16 D = 128) has LDG table -> ISETP -> BRA before the DEPBAR of the tile being
-// computed, so every iteration of a paged warp waits out a table load (an L2 round trip, or
-// DRAM for the first CTA to touch a table line) on top of its tile.  Page 16 (a table entry
-// per tile) ran 2-4% slower than page 256 (one per 16 tiles): stop 36, B = 64 ctx 4096 kernel
-// 367.8 vs 360.8 us, B = 16 ctx 16384 376.5 vs 363.2.  Measured (stop 38, H100, kernel time,
-// GQA 32/8 D = 128 page 16, clean flush): bf16 B = 1 ctx 4096 18.6 -> 18.0 us, B = 16 ctx 16384
-// 374.3 -> 372.4, B = 64 unchanged (366.6 / 366.2); float8 B = 1 17.7 -> 16.8, B = 64 220.7 ->
-// 217.9 -- the page-16 gap to page 256 is not the table after all (B = 64 page 256: 360.2).
-#ifndef FA_DECODE_LATE_TABLE
-#define FA_DECODE_LATE_TABLE 1
-#endif
 #include "../attn/block_info.cuh"
 #include "../attn/fp8.cuh"
 #include "../attn/mask.cuh"
@@ -591,20 +564,20 @@ __device__ void flash_decode(const DecodeParams& dp) {
   }
   cp_async_commit();
 
-  // Row offset (element offset of head 0 of key row) of key `pos`, or -1 when absent.
-  // Lane l (and l + 16) resolves key t * 16 + (l % 16) of a tile; the others get it by shuffle.
+  // Key rows in two steps: the key's position and its page id as the table holds it (pos -1:
+  // no key; dense: id unused), then its row offset (element offset of head 0 of the key row,
+  // or -1 when absent).  Lane l (and l + 16) resolves key t * 16 + (l % 16) of a tile; the
+  // others get it by shuffle.  The main loop loads a tile's page ids one iteration before it
+  // issues the tile's copies and takes the offset only then: with the offset right after the
+  // load, the SASS (sm_90, bf16 D = 128) had LDG table -> ISETP -> BRA before the DEPBAR of
+  // the tile being computed, so every paged iteration waited out a table load (an L2 round
+  // trip, or DRAM for the first CTA to touch a table line) on top of its tile.  Measured (stop
+  // 38, H100, kernel time, GQA 32/8 D = 128 page 16, clean flush; benchmarks/NOTES.md): bf16
+  // B = 1 ctx 4096 18.6 -> 18.0 us, B = 16 ctx 16384 374.3 -> 372.4, B = 64 366.6 / 366.2;
+  // float8 B = 1 17.7 -> 16.8, B = 64 220.7 -> 217.9.  (Page 16's 2-4% gap to page 256 is
+  // not the table: it stayed.)
   const PagedKeys pages(table, dp.paged ? p.page_size : 1, p.k_rows, p.k_page_stride,
                         p.k_row_stride);
-  auto row_offset = [&](int t) -> i64 {
-    const int pos = t * kDecodeTileN + (lane & 15);
-    if (t >= t_end || pos >= len_k) return -1;
-    if (!dp.paged) return (i64)(k_start + pos) * p.k_row_stride;
-    return pages.row_offset(pos);
-  };
-  // The same offset in two steps: the key's position and its page id as loaded (pos -1: no
-  // key; dense: id unused), then the offset -- FA_DECODE_LATE_TABLE issues the second a loop
-  // iteration later.  (row_offset as key_offset(key_ref(t)) would say it once, but changes the
-  // default build's machine code, which only a device run may verify.)
   struct KeyRef { int pos, id; };
   auto key_ref = [&](int t) -> KeyRef {
     const int pos = t * kDecodeTileN + (lane & 15);
@@ -616,13 +589,6 @@ __device__ void flash_decode(const DecodeParams& dp) {
     if (!dp.paged) return (i64)(k_start + k.pos) * p.k_row_stride;
     return pages.row_offset(k.pos, k.id);
   };
-#if FA_DECODE_LATE_TABLE
-  auto key_ahead = key_ref;  // the loop keeps a tile's ids, resolved when its copies are issued
-  auto resolve = key_offset;
-#else
-  auto key_ahead = row_offset;  // the loop keeps a tile's offsets
-  auto resolve = [](i64 off) { return off; };
-#endif
   // Issue the cp.async copies of the warp's j-th tile (key offsets `off`) into ring slot `slot`.
   auto issue = [&](int slot, i64 off) {
     const u32 kdst = ring + slot * Sm::kStageBytes, vdst = kdst + Sm::kRingTileBytes;
@@ -671,9 +637,9 @@ __device__ void flash_decode(const DecodeParams& dp) {
   auto tile_of = [&](int j) { return t_begin + warp + j * kDecodeWarps; };
 
   // ---- Prologue 2: the first kStages - 1 tiles of this warp in flight. ---------------------
-#if FA_DECODE_LATE_TABLE
   // The page ids of the first kStages tiles loaded together (one table round trip, not one per
-  // tile: row_offset's present test would wait for each id before the next load).
+  // tile: key_offset's present test would wait for each id before the next load; a B = 1
+  // step's warps have ~4 tiles each).
   KeyRef first_keys[kStages];
 #pragma unroll
   for (int j = 0; j < kStages; ++j) first_keys[j] = key_ref(tile_of(j));  // past n_mine: no key
@@ -682,15 +648,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
     if (j < n_mine) issue(j, key_offset(first_keys[j]));
     cp_async_commit();  // always commit: group counting stays uniform
   }
-  auto next_key = first_keys[kStages - 1];  // page ids one issue ahead
-#else
-#pragma unroll
-  for (int j = 0; j < kStages - 1; ++j) {
-    if (j < n_mine) issue(j, row_offset(tile_of(j)));
-    cp_async_commit();  // always commit: group counting stays uniform
-  }
-  auto next_key = key_ahead(tile_of(kStages - 1));  // page ids one issue ahead
-#endif
+  KeyRef next_key = first_keys[kStages - 1];  // page ids one issue ahead
 
   // Per-lane rows: A = lane / 4, B = A + 8 (the two rows of an mma accumulator), packed row
   // pr -> query index pr / g, head hk * g + pr % g.  A padding row (pr >= rows_total) sees no
@@ -741,11 +699,11 @@ __device__ void flash_decode(const DecodeParams& dp) {
 
   // ---- Main loop over this warp's tiles. ---------------------------------------------------
   for (int j = 0; j < n_mine; ++j) {
-    // Refill the slot freed by tile j - 1 with tile j + kStages - 1 (its offsets were fetched
-    // one iteration ago), then fetch the next page ids while tile j computes.
-    if (j + kStages - 1 < n_mine) issue((j + kStages - 1) % kStages, resolve(next_key));
+    // Refill the slot freed by tile j - 1 with tile j + kStages - 1 (its page ids were loaded
+    // one iteration ago), then load the next tile's page ids while tile j computes.
+    if (j + kStages - 1 < n_mine) issue((j + kStages - 1) % kStages, key_offset(next_key));
     cp_async_commit();
-    next_key = key_ahead(tile_of(j + kStages));
+    next_key = key_ref(tile_of(j + kStages));
     cp_async_wait<kStages - 1>();  // tile j has landed (this lane's copies) ...
     __syncwarp();                  // ... and every lane's copies are visible to the warp
 #if FA_DECODE_TIMELINE
@@ -946,30 +904,18 @@ __device__ void flash_decode(const DecodeParams& dp) {
       // then counts itself in; the one that counts last sees every other CTA's partials (read
       // from L2: merge_split_partials) and resets the counter for the next launch (graph replays).
       __shared__ int s_last;
-#if !FA_DECODE_COUNTER_RELEASE
       __threadfence();
-#endif
-      __syncthreads();  // (COUNTER_RELEASE: every thread's stores before thread 0's release)
+      __syncthreads();
       if (tidx == 0) {
         int* counter = dp.split_counters + ((i64)bidb * gridDim.y + blockIdx.y) * dp.m_blocks + m_block;
-#if FA_DECODE_COUNTER_RELEASE
-        asm volatile("fence.acq_rel.gpu;" ::: "memory");  // release, then a relaxed atomic
-#endif
         const int arrived = atomicAdd(counter, 1);
         s_last = arrived == dp.num_splits - 1;
-        if (s_last) {
-#if FA_DECODE_COUNTER_RELEASE
-          asm volatile("fence.acq_rel.gpu;" ::: "memory");  // acquire: the other CTAs' partials
-#endif
-          *counter = 0;
-        }
+        if (s_last) *counter = 0;
       }
-      __syncthreads();  // (COUNTER_RELEASE: the merge's loads after thread 0's acquire)
+      __syncthreads();
       FA_DECODE_STAMP(5);
       if (s_last) {
-#if !FA_DECODE_COUNTER_RELEASE
         __threadfence();
-#endif
         CombineParams cp;  // the fields merge_split_partials reads
         cp.o_in = dp.oaccum;
         cp.lse_in = dp.lse_accum;
