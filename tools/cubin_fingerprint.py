@@ -4,7 +4,7 @@ A refactor of ``cuda_src/`` that only moves code (headers split, helpers relocat
 dead code removed) must leave the generated cubins byte-identical -- and then the GPU runs the
 same instructions as before, which a CPU-only machine can prove.  Prints one line per module
 (prefill: all shipped keys in one module per arch, and one per float32 / float64 element type;
-decode; combine; rope/append) with the
+decode, float8 K/V included; combine; rope/append) with the
 SHA-256 of its cubin.  NVRTC_OPTIONS carry no -lineinfo, so source positions do not enter the
 cubin.
 
@@ -57,8 +57,9 @@ def modules(arch):
     yield "prefill(all shipped keys)", cc.kernel_source(list(cc.shipped_keys()))
     for dt in cc.PRECISE_DTYPES:  # the float32 / float64 kernel, one module per element type
         yield f"prefill {dt}(all buckets)", cc.kernel_source(cc.shipped_precise_keys((dt,)))
-    keys = [dc.DecodeKey(dt, b) for dt in ("f16", "bf16") for b in dc.DECODE_BUCKETS]
-    yield "decode(all buckets)", dc.decode_source(keys, combine=False)
+    # Every shipped decode kernel, float8 K/V included (the float8 kernels are the same
+    # template: a change to the shared code shows in both).
+    yield "decode(all shipped keys)", dc.decode_source(dc.decode_shipped_keys(), combine=False)
     yield "combine", dc.decode_source([], combine=True)
     yield "rope_append", dc.rope_source()
 
