@@ -1,6 +1,6 @@
 """Decode kernel time against the L2 flush and the split count (issue 16 / 15 probe).
 
-For each row (B:ctx, GQA 32/8, D = --dim (128), bench_decode.py's paged cache of --page rows, a divisor
+For each row (B:ctx; --heads H/Hk, 32/8; --dim D, 128; bench_decode.py's paged cache of --page rows, a divisor
 of ctx, pages scattered), GPU time of
 one decode step (CUDA events around the call; the GPU kept busy by the flush before it, as
 bench_decode.py's kernel-only column), ours with the heuristic's split count and each forced
@@ -14,7 +14,7 @@ flushes before each timed call:
 
     CUPY_FLASHATTN_SM90_DEFINES=... PYTHONPATH=. python3 tools/decode_ring_probe.py \
         [--rows 64:4096,16:16384,1:4096,1:32768] [--splits 0,8,16,32] [--page 16] [--contig]
-        [--kv bf16|fp8] [--layouts nhd,hnd] [--dim 64|128|256]
+        [--kv bf16|fp8] [--layouts nhd,hnd] [--heads 32/8] [--dim 64|128|256] [--splits-all]
 
 --kv fp8: ours over float8 e4m3 bytes (bench_decode.py's quantized cache; cuDNN stays on bf16).
 --layouts: the page pool as vLLM lays it out, (pages, P, Hk, D) ("nhd": one key row of a kv
@@ -22,7 +22,7 @@ head is D elements, the next row of that head Hk * D further), or FlashInfer's "
 (pages, Hk, P, D) passed as its (pages, P, Hk, D) strided view -- a kv head's page is one
 contiguous P * D run.  Does the DRAM access pattern of the pool, not the kernel, bound decode?
 
---splits applies to the rows with fewer CTAs than SM slots (B * 8 < 132); the others take the
+--splits applies to the rows with fewer CTAs than SMs (B * Hk < 132); the others take the
 heuristic's choice only, unless --splits-all (e.g. the wave count of a large batch).
 """
 
