@@ -16,7 +16,8 @@
 # line per tool with its error count; exit 0 only when every tool ran and reported 0 errors.
 # Budget: < 5 minutes on an H200 (plain run ~30-60 s cold; each tool well under TOOL_TIMEOUT).
 # Environment: OUT, LOG_DIR, CUPY_CACHE_DIR, PYTHON (python3), COMPUTE_SANITIZER (a path),
-# PRECOMPILE_TIMEOUT (120), TOOL_TIMEOUT (170), PARALLEL (1), PRINT_LIMIT (50).
+# PRECOMPILE_TIMEOUT (120), TOOL_TIMEOUT (170), PARALLEL (1), PRINT_LIMIT (50), CASES_K (only
+# the cases whose name contains it).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-/tmp/fa_sanitize}
@@ -57,7 +58,7 @@ fi
 echo "sanitizer: $SAN ($("$SAN" --version 2>/dev/null | grep -m1 -i version))"
 
 # (1) Plain run: compiles (NVRTC) and caches every kernel, checks the numbers.
-timeout "$PRECOMPILE_TIMEOUT" "$PY" tools/sanitize_cases.py > "$LOG_DIR/plain.log" 2>&1
+timeout "$PRECOMPILE_TIMEOUT" "$PY" tools/sanitize_cases.py -k "${CASES_K:-}" > "$LOG_DIR/plain.log" 2>&1
 rc=$?
 echo "plain run (compile + check): $(tail -n 1 "$LOG_DIR/plain.log") rc=$rc [$(( $(date +%s) - T0 ))s]"
 if [ "$rc" -ne 0 ]; then grep -E "^FAIL" "$LOG_DIR/plain.log" | head -n 10; fi
@@ -70,7 +71,7 @@ run_tool() {
   esac
   start=$(date +%s)
   timeout "$TOOL_TIMEOUT" "$SAN" --tool "$tool" --print-limit "$PRINT_LIMIT" ${extra[@]+"${extra[@]}"} \
-    "$PY" tools/sanitize_cases.py --no-pool > "$LOG_DIR/sanitize_$tool.log" 2>&1
+    "$PY" tools/sanitize_cases.py --no-pool -k "${CASES_K:-}" > "$LOG_DIR/sanitize_$tool.log" 2>&1
   echo "$? $(( $(date +%s) - start ))" > "$LOG_DIR/sanitize_$tool.status"
 }
 for t in $TOOLS; do

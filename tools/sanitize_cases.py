@@ -141,10 +141,11 @@ def prefill_varlen(rng, dt, D, mode, P=0):
     return max(errs)
 
 
-def decode(rng, dt, D, splits, P=0, sinks=False):
+def decode(rng, dt, D, splits, P=0, sinks=False, heads=(8, 2)):
     """flash_attn_with_kvcache without new tokens: the decode kernel (split-KV when splits > 1;
-    with ``sinks``, the combine adds them)."""
-    B, H, Hk, S = 3, 8, 2, 300
+    with ``sinks``, the combine adds them).  ``heads`` (H, Hk): more than 16 query heads per kv
+    head (D <= 128) take the 32-row kernel."""
+    (H, Hk), B, S = heads, 3, 300
     lens = np.array([1, 250, 77], np.int32)
     q = randn(rng, (B, 1, H, D), dt)
     keys = [randn(rng, (int(n), Hk, D), dt) for n in lens]
@@ -335,6 +336,10 @@ def cases():
         ("decode bfloat16-d128 splits=3", lambda r: decode(r, BF16, 128, 3)),
         ("decode paged P=16 bfloat16-d64 splits=3", lambda r: decode(r, BF16, 64, 3, P=16)),
         ("decode paged P=48 float16-d128 splits=1", lambda r: decode(r, F16, 128, 1, P=48)),
+        ("decode MQA 32/1 (32-row tiles) paged P=16 bfloat16-d128 splits=3 sinks",
+         lambda r: decode(r, BF16, 128, 3, P=16, sinks=True, heads=(32, 1))),
+        ("decode 24/1 (32-row tiles, 8 padding rows) float16-d64 splits=1",
+         lambda r: decode(r, F16, 64, 1, heads=(24, 1))),
         ("rotary+append contiguous bfloat16-d128", lambda r: append_rotary(r, BF16, 128)),
         ("rotary+append paged P=16 float16-d64",
          lambda r: append_rotary(r, F16, 64, P=16, interleaved=True, splits=1)),

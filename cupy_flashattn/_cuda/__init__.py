@@ -105,7 +105,8 @@ def describe_launches(problem, sm_count=None, arch=None, device_cc=None) -> tupl
         key, m_blocks, splits = decode_plan(problem, len_q_max=limit, sm_count=sm_count)
         grid = decode_grid(problem, m_blocks, splits, key.v_splits)
         out.append(dict(kind="decode", kernel=key.name, arch=key.arch, grid=grid,
-                        block=(DECODE_THREADS,), smem=decode_smem(key.head_dim, key.kv), splits=splits,
+                        block=(DECODE_THREADS,), smem=decode_smem(key.head_dim, key.kv, key.rows),
+                        splits=splits,
                         len_q=(1, limit) if limit is not None else (1, None)))
     if kind in ("prefill", "mixed"):
         key = select_kernel(problem, arch=arch, device_cc=device_cc)
