@@ -11,6 +11,7 @@
 #      failed on a probe bug, since fixed): the float8 decode tests under it, then kernel time
 #      default / 2 CTAs beside bf16 D = 256 (B = 64 ctx 4096, B = 16 ctx 16384, B = 1 ctx 4096);
 #   3. B = 1 ctx 32768 at 16 / 29 (the rule's) / 32 splits, twice (issue 16's B = 1 row).
+#      (33: 264 CTAs, exactly 2 per SM of 132 -- at 29 splits 100 SMs stream 2 CTAs and 32 one.)
 # MODE=ncu12 (~3 min): issue 12's facts -- Nsight Compute's SourceCounters of the sm90 prefill
 #   kernel at D = 256 S = 4096, dense and page 16 (the paged kernel issues 13.5% more
 #   instructions: which lines), read with tools/ncu_source_top.py; and the stall reasons per
@@ -44,7 +45,7 @@ if [ "${MODE:-verify16}" = verify16 ]; then
   # B = 1 ctx 32768: the split rule keeps the wave rule's 29 splits; run 10 timed 16 splits
   # 2 us faster (59.5 vs 61.5 us event), stop 37's run 2 1 us slower -- twice each, to see.
   for rep in 1 2; do
-    for sp in 16 29 32; do
+    for sp in 16 29 32 33; do
       stamp "B = 1 ctx 32768 timeline, $sp splits ($rep)"
       timeout 60 python3 tools/decode_timeline.py --rows 1:32768 --splits $sp 2>&1 \
         | tee -a "$L/timeline.txt" | grep "^B="

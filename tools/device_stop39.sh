@@ -11,6 +11,9 @@
 #      every key), MQA 32/1 D = 128 and 64, B = 64 ctx 4096 and B = 16 ctx 16384, pages 16 and
 #      256, beside cuDNN (decode_ring_probe.py);
 #   4. bench_decode.py's MQA row at pages 1 / 8 / 16 / 64 / 256 (fraction of copy: issue 16).
+# MODE=first (~6 min): one call with the most important parts first (the decode GPU tests on
+#   the default build, MQA D = 128 wide vs 16-row, bench_decode's MQA row at pages 16 / 256,
+#   the sanitizers), then B = 1 ctx 32768 at 29 / 32 / 33 / 16 splits and MQA D = 64.
 set -u
 OUT=${OUT:-/tmp/fa_stop39}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
@@ -36,6 +39,43 @@ if [ "${MODE:-wide}" = wide ]; then
     --pages 1,8,16,64,256 --kv bf16 --out "$L/bench" > "$L/bench_decode.txt" 2>&1
   grep "^| [0-9]" "$L/bench_decode.txt" | cut -d"|" -f2-10,12-13,16-19
   tar -C "$OUT" -czf "$OUT/wide.tgz" wide && rm -rf "$L"
+  stamp done
+  exit 0
+fi
+if [ "${MODE:-wide}" = first ]; then
+  # The device was scarce (stop 39): one call, most important first, each part tarred as it
+  # finishes so a call cut by its time limit still brings back what ran.
+  L="$OUT/first"; mkdir -p "$L"
+  stamp "decode GPU tests (32-row kernel included), decode steps, float8, front end"
+  OUT="$L/tests" SERIAL= PYTEST_TIMEOUT=150 \
+    TESTS="tests/gpu/test_gpu_decode.py tests/test_decode_steps.py tests/gpu/test_gpu_fp8_decode.py tests/gpu/test_gpu_frontend.py" \
+    bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 8
+  tar -C "$OUT" -czf "$OUT/first_tests.tgz" first/tests
+  for w in "" --rows16; do
+    stamp "MQA 32/1 D = 128 page 16 ${w:-wide}"
+    timeout 100 python3 tools/decode_ring_probe.py --rows 64:4096,16:16384 --splits 0 \
+      --heads 32/1 --dim 128 --page 16 $w $([ -z "$w" ] || echo --no-peer) 2>&1 | tee -a "$L/probe.txt" | grep "^\["
+  done
+  stamp "bench_decode MQA row"
+  timeout 150 python3 benchmarks/bench_decode.py --rows 64:4096 --heads 32/1 \
+    --pages 16,256 --kv bf16 --out "$L/bench" > "$L/bench_decode.txt" 2>&1
+  grep "^| [0-9]" "$L/bench_decode.txt" | cut -d"|" -f2-10,12-13,16-19
+  stamp "sanitizers over the decode cases"
+  CASES_K=decode OUT="$L/san" TOOL_TIMEOUT=120 bash tools/sanitize.sh memcheck racecheck 2>&1 | tail -n 4
+  tar -C "$OUT" -czf "$OUT/first_b.tgz" first/probe.txt first/bench_decode.txt first/san 2>/dev/null
+  for sp in 29 32 33 16; do
+    stamp "B = 1 ctx 32768 timeline, $sp splits"
+    timeout 60 python3 tools/decode_timeline.py --rows 1:32768 --splits $sp 2>&1 \
+      | tee -a "$L/timeline.txt" | grep "^B="
+  done
+  for d in 64; do
+    for w in "" --rows16; do
+      stamp "MQA 32/1 D = $d page 16 ${w:-wide}"
+      timeout 100 python3 tools/decode_ring_probe.py --rows 64:4096,16:16384 --splits 0 \
+        --heads 32/1 --dim $d --page 16 $w --no-peer 2>&1 | tee -a "$L/probe.txt" | grep "^\["
+    done
+  done
+  tar -C "$OUT" -czf "$OUT/first_c.tgz" first/probe.txt first/timeline.txt 2>/dev/null
   stamp done
   exit 0
 fi
