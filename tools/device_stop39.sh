@@ -42,6 +42,22 @@ if [ "${MODE:-wide}" = wide ]; then
   stamp done
   exit 0
 fi
+if [ "${MODE:-wide}" = mini ]; then
+  # Under 4 minutes of device time left: the 32-row kernel's tests and its A/B only.
+  L="$OUT/mini"; mkdir -p "$L"
+  stamp "MQA 32/1 D = 128 page 16, wide then 16-row (B = 64 ctx 4096)"
+  timeout 70 python3 tools/decode_ring_probe.py --rows 64:4096 --splits 0 --heads 32/1 --dim 128 \
+    --page 16 2>&1 | tee -a "$L/probe.txt" | grep "^\["
+  timeout 40 python3 tools/decode_ring_probe.py --rows 64:4096 --splits 0 --heads 32/1 --dim 128 \
+    --page 16 --rows16 --no-peer 2>&1 | tee -a "$L/probe.txt" | grep "^\["
+  stamp "decode GPU tests (32-row kernel included) and decode steps"
+  OUT="$L/tests" SERIAL= PYTEST_TIMEOUT=100 PRECOMPILE=0 \
+    TESTS="tests/gpu/test_gpu_decode.py tests/test_decode_steps.py" \
+    bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 8
+  tar -C "$OUT" -czf "$OUT/mini.tgz" mini
+  stamp done
+  exit 0
+fi
 if [ "${MODE:-wide}" = first ]; then
   # The device was scarce (stop 39): one call, most important first, each part tarred as it
   # finishes so a call cut by its time limit still brings back what ran.
