@@ -112,11 +112,17 @@ def test_decode_bucket_and_long_queries():
     (32, 8, 1, 128, 16), (8, 8, 1, 128, 16), (16, 1, 1, 128, 16),  # 16 rows or fewer: one m-tile
     (32, 1, 1, 256, 16), (32, 1, 1, 200, 16),  # D > 128: O of 32 rows does not fit the registers
 ])
-def test_wide_groups_take_32_row_tiles(H, Hk, max_q, D, rows):
+def test_wide_groups_take_32_row_tiles(monkeypatch, H, Hk, max_q, D, rows):
     """More than 16 packed rows per kv head, head dim up to 128, 16-bit K/V: the 32-row kernel
-    (each key read once per kv head), with the grid's m-blocks counted in 32-row tiles."""
+    (each key read once per kv head), with the grid's m-blocks counted in 32-row tiles -- under
+    FA_DECODE_WIDE_ROWS=1; without it (the default until a device run has tested the kernel),
+    16-row tiles."""
     p = _problem(B=4, max_q=max_q, max_k=4096, H=H, Hk=Hk, D=D, paged=True)
     assert route(p) == ("decode", None)
+    monkeypatch.delenv("CUPY_FLASHATTN_SM90_DEFINES", raising=False)
+    key, m_blocks, _ = dc.plan(p, sm_count=H100_SMS)
+    assert key.rows == 16 and m_blocks == -(-max_q * (H // Hk) // 16)
+    monkeypatch.setenv("CUPY_FLASHATTN_SM90_DEFINES", "FA_DECODE_WIDE_ROWS=1")
     key, m_blocks, splits = dc.plan(p, sm_count=H100_SMS)
     assert key.rows == rows and key == dc.DecodeKey("f16", dc.decode_bucket(D), rows=rows)
     assert key.name == f"fa_decode_f16_d{dc.decode_bucket(D)}" + ("_r32" if rows == 32 else "")
@@ -129,10 +135,11 @@ def test_wide_groups_take_32_row_tiles(H, Hk, max_q, D, rows):
         assert key in dc.decode_shipped_keys()
 
 
-def test_float8_mqa_keeps_16_row_tiles():
+def test_float8_mqa_keeps_16_row_tiles(monkeypatch):
     """The float8 kernels are built with 16-row tiles only (flash_decode.cu's static_assert)."""
     from cupy_flashattn import fp8
 
+    monkeypatch.setenv("CUPY_FLASHATTN_SM90_DEFINES", "FA_DECODE_WIDE_ROWS=1")
     p = _problem(B=4, max_q=1, max_k=4096, H=32, Hk=1, D=128, paged=True)
     p.k = p.v = np.zeros(p.k.shape, fp8.FLOAT8_E4M3FN)
     key, m_blocks, _ = dc.plan(p, sm_count=H100_SMS)

@@ -15,9 +15,9 @@ flushes before each timed call:
     CUPY_FLASHATTN_SM90_DEFINES=... PYTHONPATH=. python3 tools/decode_ring_probe.py \
         [--rows 64:4096,16:16384,1:4096,1:32768] [--splits 0,8,16,32] [--page 16] [--contig]
         [--kv bf16|fp8] [--layouts nhd,hnd] [--heads 32/8] [--dim 64|128|256] [--splits-all]
-        [--rows16]
 
---rows16: every plan takes 16-row tiles (the wide-group kernel off): MQA's A/B baseline.
+CUPY_FLASHATTN_SM90_DEFINES=FA_DECODE_WIDE_ROWS=1: plans may take the 32-row kernel (MQA and
+other groups of more than 16 rows; off by default until device-tested, decode.wide_rows_enabled).
 
 --kv fp8: ours over float8 e4m3 bytes (bench_decode.py's quantized cache; cuDNN stays on bf16).
 --layouts: the page pool as vLLM lays it out, (pages, P, Hk, D) ("nhd": one key row of a kv
@@ -56,21 +56,15 @@ def main(argv=None):
     ap.add_argument("--layouts", default="nhd", help="nhd, hnd or both (comma list); paged only")
     ap.add_argument("--heads", default="32/8", help="H/Hk")
     ap.add_argument("--dim", type=int, default=128, help="head dim (64 / 128 / 256 for --kv fp8)")
-    ap.add_argument("--rows16", action="store_true",
-                    help="16-row tiles only (no 32-row wide-group kernel: the A/B baseline)")
     ap.add_argument("--splits-all", action="store_true",
                     help="--splits on every row, not only those of fewer CTAs than SMs")
     args = ap.parse_args(argv)
     (H, Hk), D, P = map(int, args.heads.split("/")), args.dim, args.page
-    if args.rows16:
-        from cupy_flashattn._cuda import decode as dc
-
-        dc.WIDE_BUCKETS = ()  # decode_rows reads it at plan time: every plan takes 16 rows
     timers = (Timer("memset"), Timer("clean"))  # bench_decode.py's kernel-only timing
 
     def kernel_us(fn):
         return [t.kernel(fn) * 1e6 for t in timers]
-    tag = (os.environ.get("CUPY_FLASHATTN_SM90_DEFINES", "") or "default") + (" rows16" if args.rows16 else "")
+    tag = os.environ.get("CUPY_FLASHATTN_SM90_DEFINES", "") or "default"
     for row in args.rows.split(","):
         B, ctx = (int(x) for x in row.split(":"))
         q, k, v = random_qkv(B, ctx, H, Hk, D)  # bench_decode.py's inputs and pages

@@ -5,7 +5,11 @@
 // sequence's few query tokens) are the rows of ONE tile, so each K/V byte is read once per kv
 // head instead of once per query head.  Packed row r of a CTA -> query token i = r / g and query
 // head hk * g + r % g (g = H / Hk).  kDecodeRows = 16 rows per CTA (one mma m16 tile); more
-// packed rows go to further m-blocks (blockIdx.x), which re-read K/V mostly from L2.
+// packed rows go to further m-blocks (blockIdx.x), which re-read K/V mostly from L2 -- or, with
+// kMTiles = 2 (kDecodeWideRows = 32 rows: MQA 32/1, GQA with several query tokens; 16-bit K/V,
+// head dims 64 / 128), to a second m-tile of the same CTA: each warp's K and V fragments then
+// feed two mma per k-step, and each key is read once per kv head (stop 39; the host takes it
+// only under FA_DECODE_WIDE_ROWS=1 until a device run has tested it, decode.py).
 //
 // Grid (num_splits * m_blocks, Hk, B); 4 warps.  The split's 16-key tiles are dealt round-robin
 // to the warps; each warp streams ITS tiles through its own cp.async ring of kStages slots
@@ -79,7 +83,7 @@ namespace fa {
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = 32 * kDecodeWarps;
 constexpr int kDecodeRows = 16;   // packed (query, head) rows per CTA (one mma m-tile)
-constexpr int kDecodeWideRows = 32;  // ... of the wide-group kernel (two m-tiles, see below)
+constexpr int kDecodeWideRows = 32;  // ... of the wide-group kernel (kMTiles = 2, file comment)
 constexpr int kDecodeTileN = 16;  // keys per warp tile
 
 struct DecodeParams {

@@ -19,9 +19,11 @@ where :func:`fused_combine_applies` (dense decode launches), else by the combine
 also serves :func:`merge_states` (``merge_attention_states`` on CuPy).
 
 Wide groups (:func:`decode_rows`): where a kv head has more than 16 packed rows (MQA 32/1, or
-GQA with several query tokens) and the head dim is at most 128, one CTA takes 32 rows (two mma
-m-tiles sharing each K/V fragment), so each key is read once per kv head instead of once per
-16-row tile -- the second tile's CTA read it again through L2.
+GQA with several query tokens) and the head dim is at most 128, one CTA can take 32 rows (two
+mma m-tiles sharing each K/V fragment), so each key is read once per kv head instead of once
+per 16-row tile -- the second tile's CTA read it again through L2.  Opt-in
+(``CUPY_FLASHATTN_SM90_DEFINES=FA_DECODE_WIDE_ROWS=1``, :func:`wide_rows_enabled`) until a
+device run has tested and timed it.
 
 Instantiations: one decode kernel per (dtype, head-dim bucket 64/128/256/384/512) -- masks,
 softcap, ALiBi and paged addressing are run-time switches (the kernel waits on memory, not on
@@ -180,8 +182,9 @@ def decode_rows(packed_rows: int, bucket: int, kv: str = "") -> int:
     """Packed rows per CTA for ``packed_rows`` rows of one kv head (longest query x g):
     DECODE_WIDE_ROWS where more than one 16-row tile is needed and a wide kernel is built
     (16-bit K/V, :data:`WIDE_BUCKETS`) -- then every key is read once per kv head, where two
-    16-row CTAs each read it (the second mostly from L2) -- else DECODE_ROWS."""
-    if packed_rows > DECODE_ROWS and bucket in WIDE_BUCKETS and not kv:
+    16-row CTAs each read it (the second mostly from L2) -- else DECODE_ROWS.  The 32-row
+    kernel is opt-in for now (:func:`wide_rows_enabled`)."""
+    if packed_rows > DECODE_ROWS and bucket in WIDE_BUCKETS and not kv and wide_rows_enabled():
         return DECODE_WIDE_ROWS
     return DECODE_ROWS
 
@@ -422,20 +425,34 @@ def decode_grid(problem: AttentionProblem, m_blocks: int, splits: int, v_splits:
     return (splits * m_blocks, problem.num_heads_k * v_splits, int(problem.batch_size))
 
 
+def _switch(name: str, default: bool) -> bool:
+    """A decode tuning switch as $CUPY_FLASHATTN_SM90_DEFINES sets it (``NAME=0`` off, any other
+    value on; the last setting wins, as with the #defines decode_source writes), else
+    ``default``."""
+    from .compile import _tuning_defines
+
+    on = default
+    for define in _tuning_defines():
+        n, _, value = define[2:].partition("=")
+        if n.strip() == name:
+            on = value.strip() != "0"
+    return on
+
+
 def _fused_combine_built() -> bool:
     """Whether the decode kernels are built with flash_decode.cu's FA_DECODE_FUSED_COMBINE: on
     by default (an H100 run, 2026-12-06: a B = 1 split decode step took 28.8 us instead of
     38.2 us with the combine kernel at context 4096, 79.9 vs 101.4 us at 32768), off only where
-    $CUPY_FLASHATTN_SM90_DEFINES sets it to 0 (the A/B baseline; the last setting wins, as
-    with the #defines decode_source writes)."""
-    from .compile import _tuning_defines
+    $CUPY_FLASHATTN_SM90_DEFINES sets it to 0 (the A/B baseline)."""
+    return _switch("FA_DECODE_FUSED_COMBINE", True)
 
-    built = True
-    for define in _tuning_defines():
-        name, _, value = define[2:].partition("=")
-        if name.strip() == "FA_DECODE_FUSED_COMBINE":
-            built = value.strip() != "0"
-    return built
+
+def wide_rows_enabled() -> bool:
+    """Whether plans may pick the 32-row kernel (:func:`decode_rows`): only where
+    $CUPY_FLASHATTN_SM90_DEFINES sets FA_DECODE_WIDE_ROWS=1.  Off by default until a device run
+    has tested and timed it: it was written in stop 39, when no GPU could be had (the kernels
+    compile without spills in CI; tests/gpu/test_gpu_decode.py's wide tests turn it on)."""
+    return _switch("FA_DECODE_WIDE_ROWS", False)
 
 
 def fused_combine_applies(problem: AttentionProblem, splits: int, v_splits: int,
