@@ -730,7 +730,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
     // are skipped (uniform branch).
     float s[kMTiles][2][4];
     zero_fragments(s);
-    if constexpr (kFp8) {
+    if constexpr (kFp8) {  // one m-tile (the static_assert above): index 0 throughout
       // Two k-steps per ldmatrix: kb[0] / kb[1] keys 0-7 / 8-15 of k-step 2 kk2, kb[2] / kb[3]
       // of k-step 2 kk2 + 1; each register's bytes 0-1 / 2-3 are the B fragment's halves.
 #pragma unroll

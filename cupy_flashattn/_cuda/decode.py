@@ -78,7 +78,7 @@ DECODE_THREADS = 128
 
 #: Buckets with a 32-row (wide-group) kernel for 16-bit K/V: its O is 2 x D / 2 floats a lane,
 #: 128 registers at D = 128 (flash_decode.cu: DecodeTraits::kMinBlocksWide > 0 for these only;
-#: tests/test_nvrtc_compile_decode.py holds the two together).
+#: tests/test_device_facts.py holds the two together).
 WIDE_BUCKETS = (64, 128)
 
 DECODE_EXTRA = (
@@ -161,6 +161,12 @@ class DecodeKey:
         return decode_facts()[self.head_dim]["kMinBlocksFp8" if self.kv else "kMinBlocks"]
 
     @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory of this kernel (:func:`smem_bytes` of its bucket, K/V format
+        and rows)."""
+        return smem_bytes(self.head_dim, self.kv, self.rows)
+
+    @property
     def v_splits(self) -> int:
         """CTAs per (tile, kv head, sequence), each with head_dim / v_splits V columns."""
         return decode_facts()[self.head_dim]["kVSplits"]
@@ -231,14 +237,13 @@ def _decode_wrapper(key: DecodeKey) -> str:
     elem = "fa::Bf16" if key.dtype == "bf16" else "fa::F16"
     kv = FP8_KV_FORMATS[key.kv] if key.kv else "fa::KvSame"
     m_tiles = key.rows // DECODE_ROWS
-    smem = smem_bytes(key.head_dim, key.kv, key.rows)
     # The 16-row kernels keep flash_decode's default m-tile argument (their generated text, and
     # so their cubins, as before the wide kernels).
     wide = f", {m_tiles}" if m_tiles != 1 else ""
     return f"""
 static_assert(fa::kDecodeRows == {DECODE_ROWS} && fa::kDecodeWideRows == {DECODE_WIDE_ROWS} &&
               fa::kDecodeWarps * 32 == {DECODE_THREADS} &&
-              fa::DecodeSmem<{key.head_dim}, {kv}::kBytes, {key.rows}>::kBytes == {smem},
+              fa::DecodeSmem<{key.head_dim}, {kv}::kBytes, {key.rows}>::kBytes == {key.smem_bytes},
               "{key.name}: the host's launch geometry differs from flash_decode.cu");
 extern "C" __global__ void __launch_bounds__({DECODE_THREADS}, {key.min_blocks}) {key.name}(
     const fa_decode_args a) {{
@@ -278,7 +283,7 @@ def rope_source() -> str:
 
 def _decode_kernel(key: DecodeKey):
     return load_function(("decode", key), lambda: decode_source([key], combine=False), key.name,
-                         smem_bytes(key.head_dim, key.kv, key.rows))
+                         key.smem_bytes)
 
 
 def _combine_kernel():
@@ -291,12 +296,10 @@ def _rope_kernel():
 
 def precompile_decode(dtypes=("f16", "bf16"), buckets=DECODE_BUCKETS) -> list:
     names = []
-    for dt in dtypes:
-        for b in buckets:
-            rows = (DECODE_ROWS, DECODE_WIDE_ROWS) if b in WIDE_BUCKETS else (DECODE_ROWS,)
-            for r in rows:
-                _decode_kernel(DecodeKey(dt, b, rows=r))
-                names.append(DecodeKey(dt, b, rows=r).name)
+    for key in decode_shipped_keys():  # the 16-bit K/V kernels of these dtypes and buckets
+        if not key.kv and key.dtype in dtypes and key.head_dim in buckets:
+            _decode_kernel(key)
+            names.append(key.name)
     _combine_kernel()
     _rope_kernel()
     return names + [COMBINE_NAME, ROPE_NAME]
@@ -479,7 +482,7 @@ class DecodePlan:
         self.key, self.m_blocks, self.splits = plan(p, len_q_max)
         self.compute_dtype = compute_dtype(self.key.dtype)
         self.kernel = _decode_kernel(self.key)
-        self.smem = smem_bytes(self.key.head_dim, self.key.kv, self.key.rows)
+        self.smem = self.key.smem_bytes
         self.len_q_max = INT_MAX if len_q_max is None else int(len_q_max)
         self.grid = decode_grid(p, self.m_blocks, self.splits, self.key.v_splits)
         self.empty = not (p.total_q > 0 and p.batch_size > 0 and p.max_seqlen_q > 0)
