@@ -19,7 +19,7 @@ from cupy_flashattn._cuda import compile as cc  # noqa: E402
 from cupy_flashattn._cuda import decode as dc  # noqa: E402
 
 ARCHS = (80, 90)
-KEYS = dc.decode_shipped_keys()
+KEYS = dc.decode_shipped_keys(wide=True)  # the opt-in 32-row kernels too: they must not rot
 SMEM_LIMIT = 227 * 1024  # per block, sm_80 (163 KB) is checked separately below
 
 

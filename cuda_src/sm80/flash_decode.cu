@@ -134,8 +134,12 @@ struct DecodeParams {
 #ifndef FA_DECODE_FP8_CTAS_D128
 #define FA_DECODE_FP8_CTAS_D128 4
 #endif
+// Float8 D = 256 at 2 CTAs per SM (104 KB each, 246 registers sm_90, 255 sm_80, no spills) since
+// stop 40 (H100, GQA 32/8 page 16, kernel time, clean flush): B = 16 ctx 16384 511.3 -> 375.6 us
+// (one CTA per SM left 4 warps to hide each tile's latency), B = 64 ctx 4096 373.6 -> 373.1,
+// B = 1 ctx 4096 23.7 -> 24.3.  On an A100 (164 KB per SM) one CTA fits; the bounds only cap registers.
 #ifndef FA_DECODE_FP8_CTAS_D256
-#define FA_DECODE_FP8_CTAS_D256 1
+#define FA_DECODE_FP8_CTAS_D256 2
 #endif
 template <int kD> struct DecodeTraits;
 // kMinBlocksWide: CTAs per SM of the 32-row kernel (kMTiles = 2; 0: none is built): 2 at
@@ -186,6 +190,15 @@ __device__ __forceinline__ u32 lane_id() { return threadIdx.x & 31; }
 // 0 entry, 1 sequence lengths known, 2 warp 0's first tile landed, 3 warp 0's loop done,
 // 4 the CTA's output / partial stored, 5 the split counter answered, 6 the last CTA's merge
 // done, 7 exit.  CTAs past kTimelineCtas are not stamped.
+// FA_DECODE_MERGE_LOADS_MAX (sweep switch, 16 or 32): the fused merge's float4 loads in flight
+// per lane in the 16-row kernels whose CTAs per SM leave 255 registers a thread (16-bit D = 128
+// at 2 CTAs, D = 256 / 384 / 512 at 1, float8 D = 256 at 2).  The merge runs after the
+// key loop, so its loads reuse the loop's registers.  At head dim 128 a round trip covers
+// kLoads splits: 16 took two round trips at 29 splits (B = 1 ctx 32768: merge alone 4.0 us at
+// 29 and 32 splits, 5.7 at 33, 2.6 at 16 -- H100, stop 40, decode_timeline.py).
+#ifndef FA_DECODE_MERGE_LOADS_MAX
+#define FA_DECODE_MERGE_LOADS_MAX 16
+#endif
 #ifndef FA_DECODE_TIMELINE
 #define FA_DECODE_TIMELINE 0
 #endif
@@ -500,10 +513,14 @@ __device__ void flash_decode(const DecodeParams& dp) {
   constexpr int kChunks8 = kD / 16;  // 16-byte chunks per float8 row
   constexpr int kVSplits = DecodeTraits<kD>::kVSplits, kDV = Sm::kDV, kChunksV = kDV / 8;
   // The fused merge's loads in flight per lane (merge_split_partials): 16 where the CTAs per SM
-  // leave >= 160 registers a thread.
+  // leave >= 160 registers a thread, FA_DECODE_MERGE_LOADS_MAX where they leave all 255.
   constexpr int kCtasPerSm = kFp8 ? DecodeTraits<kD>::kMinBlocksFp8
                             : kMTiles > 1 ? DecodeTraits<kD>::kMinBlocksWide : DecodeTraits<kD>::kMinBlocks;
-  constexpr int kMergeLoads = 65536 / (kDecodeThreads * kCtasPerSm) >= 160 ? 16 : 8;
+  constexpr int kThreadRegs = 65536 / (kDecodeThreads * kCtasPerSm);
+  // (32 spilled 172 bytes in the 32-row D = 128 kernel, NVRTC sm_80 / sm_90: 16 there.)
+  constexpr int kMergeLoads = kThreadRegs >= 255 && kMTiles == 1 ? FA_DECODE_MERGE_LOADS_MAX
+                             : kThreadRegs >= 160 ? 16 : 8;
+  static_assert(FA_DECODE_MERGE_LOADS_MAX == 16 || FA_DECODE_MERGE_LOADS_MAX == 32, "merge loads: 16 or 32");
   static_assert(!kFp8 || (kVSplits == 1 && kD % 32 == 0), "float8 K/V: head dims 64 / 128 / 256");
   static_assert(kMTiles == 1 || (kMTiles == 2 && !kFp8 && DecodeTraits<kD>::kMinBlocksWide > 0),
                 "32-row tiles: 16-bit K/V, head dims 64 / 128 (O holds 2 x kD / 2 floats a lane)");

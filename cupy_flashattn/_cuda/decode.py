@@ -215,9 +215,14 @@ def kv_format(kv_dtype, head_dim: int) -> str:
     return "e4m3" if np.dtype(kv_dtype) == fp8.FLOAT8_E4M3FN else "e5m2"
 
 
-def decode_shipped_keys() -> list:
+def decode_shipped_keys(wide: bool | None = None) -> list:
+    """Every decode kernel the host may plan.  ``wide``: include the 32-row kernels (default:
+    :func:`wide_rows_enabled`, the switch that lets plans take them -- precompiling them for
+    plans that never run them would only cost compile time)."""
+    wide = wide_rows_enabled() if wide is None else wide
     return ([DecodeKey(dt, d) for dt in ("f16", "bf16") for d in DECODE_BUCKETS]
-            + [DecodeKey(dt, d, rows=DECODE_WIDE_ROWS) for dt in ("f16", "bf16") for d in WIDE_BUCKETS]
+            + [DecodeKey(dt, d, rows=DECODE_WIDE_ROWS) for dt in ("f16", "bf16") for d in WIDE_BUCKETS
+               if wide]
             + [DecodeKey(dt, d, kv=kv) for dt in ("f16", "bf16") for d in FP8_KV_BUCKETS
                for kv in FP8_KV_FORMATS])
 
