@@ -38,7 +38,8 @@ template <class Tr>
 struct Sm90Smem {
   u32 q, k0, v0, o, bars;
   int* ids;    // [kStages][kBlockN] page id per key row (paged)
-  int* flags;  // [kStages][4] absent-page flag per producer warp (paged)
+  int* flags;  // [kStages][4] absent-page flag per producer warp (paged; FA_SM90_FLAG_WORD:
+               // stage s's four flags are the bytes of word s)
   u32 sched_slots;  // the dynamic schedule's mailbox: [2] claims, then [2][4] posted words
 
   __device__ explicit Sm90Smem(unsigned char* raw) {
@@ -170,7 +171,12 @@ struct PageIds {
     const bool absent = t < Tr::kBlockN && pos < si.len_k && !page_present((unsigned)id, p.k_rows);
     if (t < Tr::kBlockN) sm.ids[s * Tr::kBlockN + t] = id;
     const bool any = __any_sync(0xffffffffu, absent);
-    if ((t & 31) == 0) sm.flags[s * 4 + (t >> 5)] = any;
+    if ((t & 31) == 0) {
+      if constexpr (FA_SM90_FLAG_WORD)
+        reinterpret_cast<unsigned char*>(sm.flags + s)[t >> 5] = any;
+      else
+        sm.flags[s * 4 + (t >> 5)] = any;
+    }
     if (gather) pipe::named_sync(5, 128);  // every row's id is in the stage before any copy reads it
   }
 };
@@ -637,6 +643,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
 
     float sacc[1][kNTiles][4];
     u32 pa[kNTiles / 2][4];
+    int s_flags = 0;  // paged, FA_SM90_FLAG_WORD: the absent-page flags of the tile issue_s issued
     // Float32: P's lo plane and the tile's fresh P V accumulators (unused, size 1, otherwise).
     u32 pa_lo[kF32 ? kNTiles / 2 : 1][4];
     float acc_t[1][kF32 ? kDTiles : 1][4];
@@ -655,8 +662,14 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
                   tile_col0 + col_in_tile0);
       const int* absent_ids = nullptr;
       if constexpr (Is_paged) {
-        const int* f = sm.flags + s * 4;
-        if (f[0] | f[1] | f[2] | f[3]) absent_ids = sm.ids + s * kBlockN;
+        bool absent;
+        if constexpr (FA_SM90_FLAG_WORD) {
+          absent = s_flags != 0;  // read by issue_s, before the wait for S
+        } else {
+          const int* f = sm.flags + s * 4;
+          absent = (f[0] | f[1] | f[2] | f[3]) != 0;
+        }
+        if (absent) absent_ids = sm.ids + s * kBlockN;
       }
       if (absent_ids != nullptr ||
           mask.window.template tile_needs_mask<kBlockN>(n_block, wg_first, wg_first + wg_rows - 1))
@@ -697,6 +710,10 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
     };
     auto issue_s = [&](int n_block) {
       pipe::bar_wait(sm.k_full(stage_of(n_block)), phase_of(n_block));
+      // Paged, FA_SM90_FLAG_WORD: the stage's absent-page flags (the four producer warps' bytes,
+      // valid once FULL completed) read here, so the load's latency is not on the path from
+      // the wait for S to the softmax.
+      if constexpr (Is_paged && FA_SM90_FLAG_WORD) s_flags = sm.flags[stage_of(n_block)];
       wgmma::fence();
       const u32 k_tile = sm.k(stage_of(n_block));
       if constexpr (kSChains2) {

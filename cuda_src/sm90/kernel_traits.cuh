@@ -31,6 +31,14 @@
 // is a power of two (boxes of min(P, kBlockN's lowest set bit) rows); other page sizes gather.  Measured (NOTES.md, sm90 v6, D = 128 S = 4k, TFLOP/s, TMA / gather): P = 16
 // 479 / 440, P = 256 607 / 444 (dense 633).  0 builds the gather for every page size (A/B
 // runs); the host encodes the paged maps only when on (tma.paged_tma_enabled).
+// FA_SM90_FLAG_WORD (A/B switch, paged): the four producer warps' absent-page flags of a stage as
+// the bytes of one word, which each consumer warp reads with one LDS; 0: four int flags, four
+// LDS, four R2UR and their OR per warp and key tile (flash_fwd.cu PageIds::publish).  The paged
+// D = 256 consumers issue 3.7% more instructions than the dense ones (ncu, stop 40: 667 M vs 644 M
+// warp instructions, bf16 S = 4096 page 16), about 25 a warp and tile, mostly these.
+#ifndef FA_SM90_FLAG_WORD
+#define FA_SM90_FLAG_WORD 0
+#endif
 #ifndef FA_SM90_PAGED_TMA
 #define FA_SM90_PAGED_TMA 1
 #endif
