@@ -9,7 +9,8 @@
 // kMTiles = 2 (kDecodeWideRows = 32 rows: MQA 32/1, GQA with several query tokens; 16-bit K/V,
 // head dims 64 / 128), to a second m-tile of the same CTA: each warp's K and V fragments then
 // feed two mma per k-step, and each key is read once per kv head (stop 39; the host takes it
-// only under FA_DECODE_WIDE_ROWS=1 until a device run has tested it, decode.py).
+// only under FA_DECODE_WIDE_ROWS=1: on an H100 it ran ~12% slower than two 16-row CTAs, whose
+// second reads hit L2 -- each warp's chain per key tile doubles; NOTES.md, stop 40).
 //
 // Grid (num_splits * m_blocks, Hk, B); 4 warps.  The split's 16-key tiles are dealt round-robin
 // to the warps; each warp streams ITS tiles through its own cp.async ring of kStages slots

@@ -22,8 +22,10 @@ Wide groups (:func:`decode_rows`): where a kv head has more than 16 packed rows 
 GQA with several query tokens) and the head dim is at most 128, one CTA can take 32 rows (two
 mma m-tiles sharing each K/V fragment), so each key is read once per kv head instead of once
 per 16-row tile -- the second tile's CTA read it again through L2.  Opt-in
-(``CUPY_FLASHATTN_SM90_DEFINES=FA_DECODE_WIDE_ROWS=1``, :func:`wide_rows_enabled`) until a
-device run has tested and timed it.
+(``CUPY_FLASHATTN_SM90_DEFINES=FA_DECODE_WIDE_ROWS=1``, :func:`wide_rows_enabled`): tested on
+an H100 it is correct but ~12% slower than two 16-row CTAs (the second CTA's reads are L2 hits
+that cost no DRAM bytes; MQA decode is bound by instructions per key -- benchmarks/NOTES.md,
+stop 40).
 
 Instantiations: one decode kernel per (dtype, head-dim bucket 64/128/256/384/512) -- masks,
 softcap, ALiBi and paged addressing are run-time switches (the kernel waits on memory, not on
@@ -189,7 +191,7 @@ def decode_rows(packed_rows: int, bucket: int, kv: str = "") -> int:
     DECODE_WIDE_ROWS where more than one 16-row tile is needed and a wide kernel is built
     (16-bit K/V, :data:`WIDE_BUCKETS`) -- then every key is read once per kv head, where two
     16-row CTAs each read it (the second mostly from L2) -- else DECODE_ROWS.  The 32-row
-    kernel is opt-in for now (:func:`wide_rows_enabled`)."""
+    kernel is opt-in (:func:`wide_rows_enabled`: measured slower)."""
     if packed_rows > DECODE_ROWS and bucket in WIDE_BUCKETS and not kv and wide_rows_enabled():
         return DECODE_WIDE_ROWS
     return DECODE_ROWS
@@ -457,9 +459,10 @@ def _fused_combine_built() -> bool:
 
 def wide_rows_enabled() -> bool:
     """Whether plans may pick the 32-row kernel (:func:`decode_rows`): only where
-    $CUPY_FLASHATTN_SM90_DEFINES sets FA_DECODE_WIDE_ROWS=1.  Off by default until a device run
-    has tested and timed it: it was written in stop 39, when no GPU could be had (the kernels
-    compile without spills in CI; tests/gpu/test_gpu_decode.py's wide tests turn it on)."""
+    $CUPY_FLASHATTN_SM90_DEFINES sets FA_DECODE_WIDE_ROWS=1.  Off by default: an H100 run
+    (stop 40) passed its tests and timed it slower than the 16-row kernel (MQA 32/1 D = 128
+    B = 64 ctx 4096: 78.1 against 69.4 us).  tests/gpu/test_gpu_decode.py's wide tests turn it
+    on, so it stays correct for the experiments that build on it."""
     return _switch("FA_DECODE_WIDE_ROWS", False)
 
 
