@@ -103,11 +103,12 @@ def test_decode_args_extend_the_prefill_params():
 #: default since an H100 run verified it), builds the kernels without it.
 SWITCHES = {
     "FA_DECODE_FUSED_COMBINE=0": lambda k: True,  # the combine kernel merges every split
-    # The sweep switches of benchmarks/NOTES.md (stops 37-38), for the device's A/B runs: the
-    # former 3 float8 CTAs per SM at D = 128, 2 at D = 256 (D = 64 at 5 spills, so it is left
-    # out) and the 2-stage D = 128 ring.
-    "FA_DECODE_FP8_CTAS_D128=3,FA_DECODE_FP8_CTAS_D256=2":
+    # The sweep switches of benchmarks/NOTES.md (stops 37-40), for the device's A/B runs: the
+    # former 3 float8 CTAs per SM at D = 128 and 1 at D = 256 (D = 64 at 5 spills, so it is left
+    # out), the 2-stage D = 128 ring, and the fused merge's 32 loads in flight.
+    "FA_DECODE_FP8_CTAS_D128=3,FA_DECODE_FP8_CTAS_D256=1":
         lambda k: bool(k.kv) and k.head_dim in (128, 256),
+    "FA_DECODE_MERGE_LOADS_MAX=32": lambda k: k.register_budget >= 255,
     "FA_DECODE_STAGES_D128=2,FA_DECODE_CTAS_D128=3": lambda k: k.head_dim == 128,
 }
 

@@ -14,13 +14,14 @@
 #      dense and paged 16 / 256, default and $NEW;
 #   2. the whole GPU suite under $NEW (6 shards);
 #   3. memcheck / racecheck / synccheck / initcheck over tools/sanitize_cases.py under $NEW.
+# REPS (2): rounds of the decode timelines; SAN: the sanitizer tools (default all four).
 set -u
 OUT=${OUT:-/tmp/fa_stop40}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
 NEW=FA_DECODE_MERGE_LOADS_MAX=32,FA_SM90_FLAG_WORD=1
 if [ "${MODE:-ab}" = ab ]; then
   L="$OUT/ab"; mkdir -p "$L"
-  for rep in 1 2; do
+  for rep in $(seq 1 "${REPS:-2}"); do
     for defs in "" "$NEW"; do
       for sp in 16 29 32; do
         stamp "B = 1 ctx 32768, $sp splits [${defs:-default}] ($rep)"
@@ -44,7 +45,7 @@ if [ "${MODE:-ab}" = ab ]; then
   tar -C "$OUT" -czf "$OUT/ab_suite.tgz" ab/suite
   stamp "sanitizers under $NEW"
   CUPY_FLASHATTN_SM90_DEFINES=$NEW OUT="$L/san" TOOL_TIMEOUT=150 \
-    bash tools/sanitize.sh 2>&1 | tail -n 8
+    bash tools/sanitize.sh ${SAN:-} 2>&1 | tail -n 8
   tar -C "$OUT" -czf "$OUT/ab_san.tgz" ab/san
   rm -rf "$L"
   stamp done
