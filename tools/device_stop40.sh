@@ -15,6 +15,8 @@
 #   2. the whole GPU suite under $NEW (6 shards);
 #   3. memcheck / racecheck / synccheck / initcheck over tools/sanitize_cases.py under $NEW.
 # REPS (2): rounds of the decode timelines; SAN: the sanitizer tools (default all four).
+# MODE=acqrel (~2 min): FA_DECODE_ACQ_REL=1 against the default (B = 1 timelines), its decode
+#   tests and memcheck / racecheck of the decode cases.
 set -u
 OUT=${OUT:-/tmp/fa_stop40}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
@@ -47,6 +49,35 @@ if [ "${MODE:-ab}" = ab ]; then
   CUPY_FLASHATTN_SM90_DEFINES=$NEW OUT="$L/san" TOOL_TIMEOUT=150 \
     bash tools/sanitize.sh ${SAN:-} 2>&1 | tail -n 8
   tar -C "$OUT" -czf "$OUT/ab_san.tgz" ab/san
+  rm -rf "$L"
+  stamp done
+  exit 0
+fi
+if [ "${MODE:-ab}" = acqrel ]; then
+  # ~2 min: FA_DECODE_ACQ_REL=1 (the fused merge's handshake by acquire / release fences)
+  # against the default, B = 1 decode timelines, then its decode tests and sanitizers.
+  L="$OUT/acqrel"; mkdir -p "$L"
+  AR=FA_DECODE_ACQ_REL=1
+  for rep in 1 2; do
+    for defs in "" "$AR"; do
+      stamp "B = 1 ctx 32768 29 / 16 splits, ctx 4096 auto [${defs:-default}] ($rep)"
+      for sp in 29 16; do
+        CUPY_FLASHATTN_SM90_DEFINES=$defs timeout 60 python3 tools/decode_timeline.py \
+          --rows 1:32768 --splits $sp 2>&1 | tee -a "$L/timeline.txt" | grep "^B="
+      done
+      CUPY_FLASHATTN_SM90_DEFINES=$defs timeout 60 python3 tools/decode_timeline.py \
+        --rows 1:4096 --splits 0 2>&1 | tee -a "$L/timeline.txt" | grep "^B="
+    done
+  done
+  tar -C "$OUT" -czf "$OUT/acqrel_timing.tgz" acqrel
+  stamp "decode tests under $AR"
+  CUPY_FLASHATTN_SM90_DEFINES=$AR OUT="$L/tests" PRECOMPILE=0 N=4 SERIAL= PYTEST_TIMEOUT=150 \
+    TESTS="tests/gpu/test_gpu_decode.py tests/test_decode_steps.py tests/gpu/test_gpu_fp8_decode.py" \
+    bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 6
+  stamp "sanitizers (decode cases) under $AR"
+  CUPY_FLASHATTN_SM90_DEFINES=$AR CASES_K=decode OUT="$L/san" TOOL_TIMEOUT=100 \
+    bash tools/sanitize.sh memcheck racecheck 2>&1 | tail -n 4
+  tar -C "$OUT" -czf "$OUT/acqrel_all.tgz" acqrel
   rm -rf "$L"
   stamp done
   exit 0

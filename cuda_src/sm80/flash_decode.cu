@@ -194,12 +194,24 @@ __device__ __forceinline__ u32 lane_id() { return threadIdx.x & 31; }
 // FA_DECODE_MERGE_LOADS_MAX (sweep switch, 16 or 32): the fused merge's float4 loads in flight
 // per lane in the 16-row kernels whose CTAs per SM leave 255 registers a thread (16-bit D = 128
 // at 2 CTAs, D = 256 / 384 / 512 at 1, float8 D = 256 at 2).  The merge runs after the
-// key loop, so its loads reuse the loop's registers.  At head dim 128 a round trip covers
-// kLoads splits: 16 took two round trips at 29 splits (B = 1 ctx 32768: merge alone 4.0 us at
-// 29 and 32 splits, 5.7 at 33, 2.6 at 16 -- H100, stop 40, decode_timeline.py).
+// key loop, so its loads reuse the loop's registers.  At head dim 128 a lane's loads cover
+// kLoads splits.  Measured on an H100 (stop 40, decode_timeline.py, B = 1, merge alone 16 ->
+// 32): ctx 32768 at 29 splits 3.90 -> 3.70 us, 32 splits 3.98 -> 3.84, but 16 splits (and
+// ctx 4096's 16) 2.62-2.64 -> 3.44; the round trips were not what the merge's time is made of,
+// so 16 stays.
 #ifndef FA_DECODE_MERGE_LOADS_MAX
 #define FA_DECODE_MERGE_LOADS_MAX 16
 #endif
+// FA_DECODE_ACQ_REL (A/B switch): the fused merge's handshake by acquire / release fences
+// (fence.acq_rel.gpu: each thread before the CTA barrier that precedes the split count, and
+// the last CTA's thread 0 after the count, before the barrier that releases the merge) instead
+// of __threadfence (fence.sc.gpu) in every thread on both sides.  B = 1 ctx 32768 spends 0.7
+// us from the stored partials to the answered count and 2.6-4.0 us in the merge (H100, stop
+// 40), whose first instruction was the reader's fence.
+#ifndef FA_DECODE_ACQ_REL
+#define FA_DECODE_ACQ_REL 0
+#endif
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 #ifndef FA_DECODE_TIMELINE
 #define FA_DECODE_TIMELINE 0
 #endif
@@ -955,18 +967,29 @@ __device__ void flash_decode(const DecodeParams& dp) {
       // then counts itself in; the one that counts last sees every other CTA's partials (read
       // from L2: merge_split_partials) and resets the counter for the next launch (graph replays).
       __shared__ int s_last;
+#if FA_DECODE_ACQ_REL
+      // Release: each thread's partial stores, then the CTA barrier, then thread 0's count
+      // (fence.acq_rel, not __threadfence's fence.sc: no total order is needed here).
+      fence_acq_rel_gpu();
+#else
       __threadfence();
+#endif
       __syncthreads();
       if (tidx == 0) {
         int* counter = dp.split_counters + ((i64)bidb * gridDim.y + blockIdx.y) * dp.m_blocks + m_block;
         const int arrived = atomicAdd(counter, 1);
         s_last = arrived == dp.num_splits - 1;
         if (s_last) *counter = 0;
+#if FA_DECODE_ACQ_REL
+        if (s_last) fence_acq_rel_gpu();  // acquire: the count that said "last", then the barrier
+#endif
       }
       __syncthreads();
       FA_DECODE_STAMP(5);
       if (s_last) {
+#if !FA_DECODE_ACQ_REL
         __threadfence();
+#endif
         CombineParams cp;  // the fields merge_split_partials reads
         cp.o_in = dp.oaccum;
         cp.lse_in = dp.lse_accum;

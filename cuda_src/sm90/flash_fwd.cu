@@ -38,8 +38,8 @@ template <class Tr>
 struct Sm90Smem {
   u32 q, k0, v0, o, bars;
   int* ids;    // [kStages][kBlockN] page id per key row (paged)
-  int* flags;  // [kStages][4] absent-page flag per producer warp (paged; FA_SM90_FLAG_WORD:
-               // stage s's four flags are the bytes of word s)
+  int* flags;  // [kStages][4] absent-page flag per producer warp (paged); FA_SM90_FLAG_WORD
+               // (the default): stage s's four flags are the bytes of word s
   u32 sched_slots;  // the dynamic schedule's mailbox: [2] claims, then [2][4] posted words
 
   __device__ explicit Sm90Smem(unsigned char* raw) {
@@ -643,7 +643,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
 
     float sacc[1][kNTiles][4];
     u32 pa[kNTiles / 2][4];
-    int s_flags = 0;  // paged, FA_SM90_FLAG_WORD: the absent-page flags of the tile issue_s issued
+    int s_flags = 0;  // paged (FA_SM90_FLAG_WORD): the absent-page flags of the tile issue_s issued
     // Float32: P's lo plane and the tile's fresh P V accumulators (unused, size 1, otherwise).
     u32 pa_lo[kF32 ? kNTiles / 2 : 1][4];
     float acc_t[1][kF32 ? kDTiles : 1][4];
@@ -710,9 +710,9 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
     };
     auto issue_s = [&](int n_block) {
       pipe::bar_wait(sm.k_full(stage_of(n_block)), phase_of(n_block));
-      // Paged, FA_SM90_FLAG_WORD: the stage's absent-page flags (the four producer warps' bytes,
-      // valid once FULL completed) read here, so the load's latency is not on the path from
-      // the wait for S to the softmax.
+      // Paged (FA_SM90_FLAG_WORD, the default): the stage's absent-page flags (the four producer
+      // warps' bytes, valid once FULL completed) read here, so the load's latency is not on the
+      // path from the wait for S to the softmax.
       if constexpr (Is_paged && FA_SM90_FLAG_WORD) s_flags = sm.flags[stage_of(n_block)];
       wgmma::fence();
       const u32 k_tile = sm.k(stage_of(n_block));

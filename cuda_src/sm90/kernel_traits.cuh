@@ -31,13 +31,18 @@
 // is a power of two (boxes of min(P, kBlockN's lowest set bit) rows); other page sizes gather.  Measured (NOTES.md, sm90 v6, D = 128 S = 4k, TFLOP/s, TMA / gather): P = 16
 // 479 / 440, P = 256 607 / 444 (dense 633).  0 builds the gather for every page size (A/B
 // runs); the host encodes the paged maps only when on (tma.paged_tma_enabled).
-// FA_SM90_FLAG_WORD (A/B switch, paged): the four producer warps' absent-page flags of a stage as
-// the bytes of one word, which each consumer warp reads with one LDS; 0: four int flags, four
-// LDS, four R2UR and their OR per warp and key tile (flash_fwd.cu PageIds::publish).  The paged
-// D = 256 consumers issue 3.7% more instructions than the dense ones (ncu, stop 40: 667 M vs 644 M
-// warp instructions, bf16 S = 4096 page 16), about 25 a warp and tile, mostly these.
+// FA_SM90_FLAG_WORD (paged): the four producer warps' absent-page flags of a stage as the bytes
+// of one word, which each consumer warp loads with one LDS before it issues the tile's Q K^T
+// (flash_fwd.cu issue_s), off the path from the wait for S to the softmax; 0 (the A/B
+// baseline): four int flags, four LDS, four R2UR and their OR per warp and key tile after that
+// wait.  The paged D = 256 consumers issued 3.7% more instructions than the dense ones (ncu,
+// stop 40: 667 M vs 644 M warp instructions, bf16 S = 4096 page 16), about 27 a warp and tile,
+// mostly these.  Measured (H100, quickbench TFLOP/s, two runs each, off -> on): D = 256 S = 2048
+// p16 616 / 613 -> 624 / 623, D = 128 S = 4096 p16 650 / 647 -> 657 / 655, D = 256 S = 4096 p16
+// 647 / 641 -> 644 / 639 (dense 671-680) -- about +1% where it shows, within run-to-run noise
+// at D = 256 S = 4096.
 #ifndef FA_SM90_FLAG_WORD
-#define FA_SM90_FLAG_WORD 0
+#define FA_SM90_FLAG_WORD 1
 #endif
 #ifndef FA_SM90_PAGED_TMA
 #define FA_SM90_PAGED_TMA 1
