@@ -185,12 +185,6 @@ struct DecodeSmem {
 
 __device__ __forceinline__ u32 lane_id() { return threadIdx.x & 31; }
 
-// FA_DECODE_TIMELINE (a probe switch, 0 by default: no code): thread 0 of each CTA stamps
-// %globaltimer (ns) at the phases of a decode step into fa_decode_timeline[cta][phase], which
-// tools/decode_timeline.py reads back -- where a B = 1 step's time goes (issue 16).  Phases:
-// 0 entry, 1 sequence lengths known, 2 warp 0's first tile landed, 3 warp 0's loop done,
-// 4 the CTA's output / partial stored, 5 the split counter answered, 6 the last CTA's merge
-// done, 7 exit.  CTAs past kTimelineCtas are not stamped.
 // FA_DECODE_MERGE_LOADS_MAX (sweep switch, 16 or 32): the fused merge's float4 loads in flight
 // per lane in the 16-row kernels whose CTAs per SM leave 255 registers a thread (16-bit D = 128
 // at 2 CTAs, D = 256 / 384 / 512 at 1, float8 D = 256 at 2).  The merge runs after the
@@ -212,6 +206,12 @@ __device__ __forceinline__ u32 lane_id() { return threadIdx.x & 31; }
 #define FA_DECODE_ACQ_REL 0
 #endif
 __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+// FA_DECODE_TIMELINE (a probe switch, 0 by default: no code): thread 0 of each CTA stamps
+// %globaltimer (ns) at the phases of a decode step into fa_decode_timeline[cta][phase], which
+// tools/decode_timeline.py reads back -- where a B = 1 step's time goes (issue 16).  Phases:
+// 0 entry, 1 sequence lengths known, 2 warp 0's first tile landed, 3 warp 0's loop done,
+// 4 the CTA's output / partial stored, 5 the split counter answered, 6 the last CTA's merge
+// done, 7 exit.  CTAs past kTimelineCtas are not stamped.
 #ifndef FA_DECODE_TIMELINE
 #define FA_DECODE_TIMELINE 0
 #endif
