@@ -110,6 +110,8 @@ SWITCHES = {
         lambda k: bool(k.kv) and k.head_dim in (128, 256),
     "FA_DECODE_MERGE_LOADS_MAX=32": lambda k: k.register_budget >= 255,
     "FA_DECODE_ACQ_REL=1": lambda k: k.head_dim == 128,  # the merge handshake's fences
+    "FA_DECODE_LEAN_ISSUE=1": lambda k: not k.kv and k.head_dim <= 256,  # the copy issue by row address
+    "FA_DECODE_LEAN_ISSUE=1,FA_DECODE_STAGES_D128=2,FA_DECODE_CTAS_D128=3": lambda k: k.head_dim == 128,
     "FA_DECODE_STAGES_D128=2,FA_DECODE_CTAS_D128=3": lambda k: k.head_dim == 128,
 }
 

@@ -15,8 +15,8 @@
 #   2. the whole GPU suite under $NEW (6 shards);
 #   3. memcheck / racecheck / synccheck / initcheck over tools/sanitize_cases.py under $NEW.
 # REPS (2): rounds of the decode timelines; SAN: the sanitizer tools (default all four).
-# MODE=acqrel (~2 min): FA_DECODE_ACQ_REL=1 against the default (B = 1 timelines), its decode
-#   tests and memcheck / racecheck of the decode cases.
+# MODE=next (~3 min): the decode switches prepared at the end of stop 40, not yet device-run
+#   (FA_DECODE_LEAN_ISSUE, FA_DECODE_ACQ_REL; see the mode).
 set -u
 OUT=${OUT:-/tmp/fa_stop40}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
@@ -53,13 +53,25 @@ if [ "${MODE:-ab}" = ab ]; then
   stamp done
   exit 0
 fi
-if [ "${MODE:-ab}" = acqrel ]; then
-  # ~2 min: FA_DECODE_ACQ_REL=1 (the fused merge's handshake by acquire / release fences)
-  # against the default, B = 1 decode timelines, then its decode tests and sanitizers.
-  L="$OUT/acqrel"; mkdir -p "$L"
-  AR=FA_DECODE_ACQ_REL=1
+if [ "${MODE:-ab}" = next ]; then
+  # ~3 min: the two decode switches prepared at the end of stop 40 (no device time was left).
+  #   FA_DECODE_LEAN_ISSUE=1: the copy issue shuffles key-row addresses (689 instead of 725
+  #     instructions a tile; 150 registers at D = 128 instead of 228, so 3 CTAs per SM fit:
+  #     FA_DECODE_STAGES_D128=2,FA_DECODE_CTAS_D128=3, 12 warps per SM for the instruction-bound
+  #     MQA row);
+  #   FA_DECODE_ACQ_REL=1: the fused merge's handshake by acquire / release fences.
+  L="$OUT/next"; mkdir -p "$L"
+  LEAN=FA_DECODE_LEAN_ISSUE=1; C3=FA_DECODE_STAGES_D128=2,FA_DECODE_CTAS_D128=3
+  for heads in 32/1 32/8; do
+    for defs in "" "$LEAN" "$LEAN,$C3" "$C3"; do
+      stamp "$heads D = 128 page 16 [${defs:-default}]"
+      CUPY_FLASHATTN_SM90_DEFINES=$defs timeout 90 python3 tools/decode_ring_probe.py \
+        --rows 64:4096,16:16384,1:4096 --splits 0 --heads $heads --dim 128 --page 16 \
+        $([ -z "$defs" ] && [ "$heads" = 32/1 ] || echo --no-peer) 2>&1 | tee -a "$L/probe.txt" | grep "^\["
+    done
+  done
   for rep in 1 2; do
-    for defs in "" "$AR"; do
+    for defs in "" "FA_DECODE_ACQ_REL=1" "FA_DECODE_ACQ_REL=1,$LEAN"; do
       stamp "B = 1 ctx 32768 29 / 16 splits, ctx 4096 auto [${defs:-default}] ($rep)"
       for sp in 29 16; do
         CUPY_FLASHATTN_SM90_DEFINES=$defs timeout 60 python3 tools/decode_timeline.py \
@@ -69,15 +81,17 @@ if [ "${MODE:-ab}" = acqrel ]; then
         --rows 1:4096 --splits 0 2>&1 | tee -a "$L/timeline.txt" | grep "^B="
     done
   done
-  tar -C "$OUT" -czf "$OUT/acqrel_timing.tgz" acqrel
-  stamp "decode tests under $AR"
-  CUPY_FLASHATTN_SM90_DEFINES=$AR OUT="$L/tests" PRECOMPILE=0 N=4 SERIAL= PYTEST_TIMEOUT=150 \
+  tar -C "$OUT" -czf "$OUT/next_timing.tgz" next
+  ALL=FA_DECODE_ACQ_REL=1,$LEAN
+  stamp "decode tests under $ALL"
+  # (the large-offset tests, 64-bit addressing past 2^31 elements, run alone after the shards)
+  CUPY_FLASHATTN_SM90_DEFINES=$ALL OUT="$L/tests" PRECOMPILE=0 N=4 PYTEST_TIMEOUT=150 \
     TESTS="tests/gpu/test_gpu_decode.py tests/test_decode_steps.py tests/gpu/test_gpu_fp8_decode.py" \
     bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 6
-  stamp "sanitizers (decode cases) under $AR"
-  CUPY_FLASHATTN_SM90_DEFINES=$AR CASES_K=decode OUT="$L/san" TOOL_TIMEOUT=100 \
+  stamp "sanitizers (decode cases) under $ALL"
+  CUPY_FLASHATTN_SM90_DEFINES=$ALL CASES_K=decode OUT="$L/san" TOOL_TIMEOUT=100 \
     bash tools/sanitize.sh memcheck racecheck 2>&1 | tail -n 4
-  tar -C "$OUT" -czf "$OUT/acqrel_all.tgz" acqrel
+  tar -C "$OUT" -czf "$OUT/next_all.tgz" next
   rm -rf "$L"
   stamp done
   exit 0

@@ -196,6 +196,16 @@ __device__ __forceinline__ u32 lane_id() { return threadIdx.x & 31; }
 #ifndef FA_DECODE_MERGE_LOADS_MAX
 #define FA_DECODE_MERGE_LOADS_MAX 16
 #endif
+// FA_DECODE_LEAN_ISSUE (A/B switch, 16-bit K/V, head dims 64 / 128 / 256): a tile's copy
+// issue shuffles each key row's K address (made once, by the lane that resolved the key)
+// instead of its element offset, and each lane adds its own column, fixed for the CTA (a lane
+// keeps one 16-byte column: kChunks divides 32): a step is 2 SHFL, a test, a select and two
+// 64-bit adds besides its two cp.async.  The default spends ~200 of the 725 instructions of a
+// 16-key tile (bf16 D = 128, ptxas 13 sm_90) in the issue, and MQA decode is bound by
+// instructions per key (NOTES.md, stop 40).
+#ifndef FA_DECODE_LEAN_ISSUE
+#define FA_DECODE_LEAN_ISSUE 0
+#endif
 // FA_DECODE_ACQ_REL (A/B switch): the fused merge's handshake by acquire / release fences
 // (fence.acq_rel.gpu: each thread before the CTA barrier that precedes the split count, and
 // the last CTA's thread 0 after the count, before the barrier that releases the merge) instead
@@ -631,6 +641,14 @@ __device__ void flash_decode(const DecodeParams& dp) {
     if (!dp.paged) return (i64)(k_start + k.pos) * p.k_row_stride;
     return pages.row_offset(k.pos, k.id);
   };
+  // FA_DECODE_LEAN_ISSUE, 16-bit K/V: this lane's chunk column in every copy step, its first
+  // row, and the byte distances it adds to a key row's K address (its column; V's row).
+  constexpr int kLaneCols = kChunks < 32 ? kChunks : 32;
+  const int lane_col = lane % kLaneCols, lane_row0 = lane / kLaneCols;
+  const bool col_ok = lane_col * 8 < hd;
+  const char* k_head_bytes = reinterpret_cast<const char*>(p.k + kv_head_off);
+  const int lane_col_bytes = lane_col * 16;
+  const i64 v_from_k = (reinterpret_cast<const char*>(p.v) - reinterpret_cast<const char*>(p.k)) + lane_col_bytes;
   // Issue the cp.async copies of the warp's j-th tile (key offsets `off`) into ring slot `slot`.
   auto issue = [&](int slot, i64 off) {
     const u32 kdst = ring + slot * Sm::kStageBytes, vdst = kdst + Sm::kRingTileBytes;
@@ -645,6 +663,22 @@ __device__ void flash_decode(const DecodeParams& dp) {
         const i64 e = ok ? o + kv_head_off + c * 16 : 0;
         cp_async_16(kdst + ring_offset<Sm::kRowBytesK>(r, c), kb + e, ok);
         cp_async_16(vdst + ring_offset<Sm::kRowBytesV>(r, c), vb + e, ok);
+      }
+    } else if constexpr (kVSplits == 1 && FA_DECODE_LEAN_ISSUE) {
+      // The key row's K address, made once by the lane that resolved the key (null: no key),
+      // is what the steps shuffle; each lane adds its own column (lane_col: the same in every
+      // step, as kChunks divides 32) and, for V, the distance from K to V.
+      static_assert(32 % kChunks == 0, "lean issue: a lane keeps one chunk column");
+      const char* row = off >= 0 ? k_head_bytes + 2 * off : nullptr;
+#pragma unroll
+      for (int i = 0; i < kChunks / 2; ++i) {
+        const int r = lane_row0 + (32 / kChunks) * i;
+        const char* key = reinterpret_cast<const char*>(
+            __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(row), r));
+        const bool ok = col_ok && key != nullptr;
+        const char* src = ok ? key : k_head_bytes;  // never read when !ok (src-size 0)
+        cp_async_16(kdst + ring_offset<Sm::kRowBytesK>(r, lane_col), src + lane_col_bytes, ok);
+        cp_async_16(vdst + ring_offset<Sm::kRowBytesV>(r, lane_col), src + v_from_k, ok);
       }
     } else if constexpr (kVSplits == 1) {  // K and V rows alike: one address per chunk for both
 #pragma unroll
