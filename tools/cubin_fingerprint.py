@@ -14,6 +14,10 @@ cubin.
 --per-key compiles every shipped sm90 key alone (in parallel processes), so a change shows
 which kernels it touched (e.g. only the paged ones).
 
+``$CUPY_FLASHATTN_SM90_DEFINES`` applies as it does at run time (the loader passes the defines
+as NVRTC options; the decode source writes them into its text), so a build that a device run
+tested under a switch can be compared with the default that later turns the switch on.
+
 Each line has two hashes: of the whole cubin, and of its machine code alone (the ``.text.*``
 sections, by name).  Adding a specialization that no kernel of the module uses (a new traits
 bucket) changes the first -- its static members enter the symbol table, and symbol indices in
@@ -66,7 +70,8 @@ def modules(arch):
 
 def _key_hash(key_name: str) -> str:
     key = next(k for k in cc.shipped_keys("sm90") if k.name == key_name)
-    cubin, _ = cc.compile_for_arch(cc.kernel_source([key]), "90a", verbose=False)
+    cubin, _ = cc.compile_for_arch(cc.kernel_source([key]), "90a", verbose=False,
+                                   extra_options=cc._tuning_defines())
     return (f"sm_90a {key.name:40s} {hashlib.sha256(cubin).hexdigest()} {len(cubin)} "
             f"code {code_hash(cubin)[:16]}")
 
@@ -85,7 +90,7 @@ def main(argv=None):
         return
     for arch in args.arch:
         for name, src in modules(arch):
-            cubin, _ = cc.compile_for_arch(src, arch, verbose=False)
+            cubin, _ = cc.compile_for_arch(src, arch, verbose=False, extra_options=cc._tuning_defines())
             print(f"sm_{arch} {name:28s} {hashlib.sha256(cubin).hexdigest()} {len(cubin)} "
                   f"code {code_hash(cubin)[:16]}", flush=True)
 
