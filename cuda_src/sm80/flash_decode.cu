@@ -136,9 +136,11 @@ struct DecodeParams {
 #define FA_DECODE_FP8_CTAS_D128 4
 #endif
 // Float8 D = 256 at 2 CTAs per SM (104 KB each, 246 registers sm_90, 255 sm_80, no spills) since
-// stop 40 (H100, GQA 32/8 page 16, kernel time, clean flush): B = 16 ctx 16384 511.3 -> 375.6 us
-// (one CTA per SM left 4 warps to hide each tile's latency), B = 64 ctx 4096 373.6 -> 373.1,
-// B = 1 ctx 4096 23.7 -> 24.3.  On an A100 (164 KB per SM) one CTA fits; the bounds only cap registers.
+// stop 40 (H100, GQA 32/8 page 16, kernel time, clean flush): B = 16 ctx 16384 511.3 -> 375.6 us,
+// B = 64 ctx 4096 373.6 -> 373.1, B = 1 ctx 4096 23.7 -> 24.3.  The machine code is the same
+// (255 registers is the cap at 1 or 2 CTAs); what changes is the host's split plan, which
+// counts 2 slots per SM: B = 16's 128 CTAs now split in 2 (256 CTAs, 8 warps per SM) where one
+// CTA per SM left 4 warps to hide each tile's latency.  On an A100 (164 KB per SM) one CTA fits.
 #ifndef FA_DECODE_FP8_CTAS_D256
 #define FA_DECODE_FP8_CTAS_D256 2
 #endif
