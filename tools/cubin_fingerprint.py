@@ -63,7 +63,7 @@ def modules(arch):
         yield f"prefill {dt}(all buckets)", cc.kernel_source(cc.shipped_precise_keys((dt,)))
     # Every shipped decode kernel, float8 K/V included (the float8 kernels are the same
     # template: a change to the shared code shows in both).
-    yield "decode(all shipped keys)", dc.decode_source(dc.decode_shipped_keys(wide=True), combine=False)
+    yield "decode(all shipped keys)", dc.decode_source(dc.decode_shipped_keys(), combine=False)
     yield "combine", dc.decode_source([], combine=True)
     yield "rope_append", dc.rope_source()
 

@@ -16,9 +16,6 @@ flushes before each timed call:
         [--rows 64:4096,16:16384,1:4096,1:32768] [--splits 0,8,16,32] [--page 16] [--contig]
         [--kv bf16|fp8] [--layouts nhd,hnd] [--heads 32/8] [--dim 64|128|256] [--splits-all]
 
-CUPY_FLASHATTN_SM90_DEFINES=FA_DECODE_WIDE_ROWS=1: plans may take the 32-row kernel (MQA and
-other groups of more than 16 rows; off by default until device-tested, decode.wide_rows_enabled).
-
 --kv fp8: ours over float8 e4m3 bytes (bench_decode.py's quantized cache; cuDNN stays on bf16).
 --layouts: the page pool as vLLM lays it out, (pages, P, Hk, D) ("nhd": one key row of a kv
 head is D elements, the next row of that head Hk * D further), or FlashInfer's "hnd" layout

@@ -144,7 +144,7 @@ def prefill_varlen(rng, dt, D, mode, P=0):
 def decode(rng, dt, D, splits, P=0, sinks=False, heads=(8, 2)):
     """flash_attn_with_kvcache without new tokens: the decode kernel (split-KV when splits > 1;
     with ``sinks``, the combine adds them).  ``heads`` (H, Hk): more than 16 query heads per kv
-    head (D <= 128) take the 32-row kernel."""
+    head take several 16-row tiles of one kv head."""
     (H, Hk), B, S = heads, 3, 300
     lens = np.array([1, 250, 77], np.int32)
     q = randn(rng, (B, 1, H, D), dt)
@@ -336,9 +336,9 @@ def cases():
         ("decode bfloat16-d128 splits=3", lambda r: decode(r, BF16, 128, 3)),
         ("decode paged P=16 bfloat16-d64 splits=3", lambda r: decode(r, BF16, 64, 3, P=16)),
         ("decode paged P=48 float16-d128 splits=1", lambda r: decode(r, F16, 128, 1, P=48)),
-        ("decode MQA 32/1 (32-row tiles under FA_DECODE_WIDE_ROWS=1) paged P=16 bfloat16-d128 splits=3 sinks",
+        ("decode MQA 32/1 (two 16-row tiles a kv head) paged P=16 bfloat16-d128 splits=3 sinks",
          lambda r: decode(r, BF16, 128, 3, P=16, sinks=True, heads=(32, 1))),
-        ("decode 24/1 (FA_DECODE_WIDE_ROWS=1: 32-row tiles, 8 padding rows) float16-d64 splits=1",
+        ("decode 24/1 (two 16-row tiles, 8 padding rows) float16-d64 splits=1",
          lambda r: decode(r, F16, 64, 1, heads=(24, 1))),
         ("rotary+append contiguous bfloat16-d128", lambda r: append_rotary(r, BF16, 128)),
         ("rotary+append paged P=16 float16-d64",

@@ -5,12 +5,7 @@
 // sequence's few query tokens) are the rows of ONE tile, so each K/V byte is read once per kv
 // head instead of once per query head.  Packed row r of a CTA -> query token i = r / g and query
 // head hk * g + r % g (g = H / Hk).  kDecodeRows = 16 rows per CTA (one mma m16 tile); more
-// packed rows go to further m-blocks (blockIdx.x), which re-read K/V mostly from L2 -- or, with
-// kMTiles = 2 (kDecodeWideRows = 32 rows: MQA 32/1, GQA with several query tokens; 16-bit K/V,
-// head dims 64 / 128), to a second m-tile of the same CTA: each warp's K and V fragments then
-// feed two mma per k-step, and each key is read once per kv head (stop 39; the host takes it
-// only under FA_DECODE_WIDE_ROWS=1: on an H100 it ran ~12% slower than two 16-row CTAs, whose
-// second reads hit L2 -- each warp's chain per key tile doubles; NOTES.md, stop 40).
+// packed rows go to further m-blocks (blockIdx.x), which re-read K/V mostly from L2.
 //
 // Grid (num_splits * m_blocks, Hk, B); 4 warps.  The split's 16-key tiles are dealt round-robin
 // to the warps; each warp streams ITS tiles through its own cp.async ring of kStages slots
@@ -83,8 +78,7 @@ namespace fa {
 
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = 32 * kDecodeWarps;
-constexpr int kDecodeRows = 16;   // packed (query, head) rows per CTA (one mma m-tile)
-constexpr int kDecodeWideRows = 32;  // ... of the wide-group kernel (kMTiles = 2, file comment)
+constexpr int kDecodeRows = 16;   // packed (query, head) rows per CTA
 constexpr int kDecodeTileN = 16;  // keys per warp tile
 
 struct DecodeParams {
@@ -145,16 +139,13 @@ struct DecodeParams {
 #define FA_DECODE_FP8_CTAS_D256 2
 #endif
 template <int kD> struct DecodeTraits;
-// kMinBlocksWide: CTAs per SM of the 32-row kernel (kMTiles = 2; 0: none is built): 2 at
-// D = 64 and 128 -- at D = 64 the 16-bit kernel's 3 (168 registers) made ptxas spill 32 bytes
-// on sm_80 (sm_90: 154 registers); D = 128 takes 255 on sm_80, 244 on sm_90, no spills.
-struct DecodeTraitsBase { static constexpr int kVSplits = 1, kMinBlocksWide = 0; };
-template <> struct DecodeTraits<64> : DecodeTraitsBase { static constexpr int kStages = 4, kMinBlocks = 3, kMinBlocksFp8 = FA_DECODE_FP8_CTAS_D64, kMinBlocksWide = 2; };  // 66 KB/CTA; float8 35 KB; 32 rows 68 KB
-template <> struct DecodeTraits<128> : DecodeTraitsBase { static constexpr int kStages = FA_DECODE_STAGES_D128, kMinBlocks = FA_DECODE_CTAS_D128, kMinBlocksFp8 = FA_DECODE_FP8_CTAS_D128, kMinBlocksWide = 2; };  // 100 KB/CTA; float8 52 KB; 32 rows 105 KB
+struct DecodeTraitsBase { static constexpr int kVSplits = 1; };
+template <> struct DecodeTraits<64> : DecodeTraitsBase { static constexpr int kStages = 4, kMinBlocks = 3, kMinBlocksFp8 = FA_DECODE_FP8_CTAS_D64; };  // 66 KB/CTA; float8 35 KB
+template <> struct DecodeTraits<128> : DecodeTraitsBase { static constexpr int kStages = FA_DECODE_STAGES_D128, kMinBlocks = FA_DECODE_CTAS_D128, kMinBlocksFp8 = FA_DECODE_FP8_CTAS_D128; };  // 100 KB/CTA; float8 52 KB
 template <> struct DecodeTraits<256> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 1, kMinBlocksFp8 = FA_DECODE_FP8_CTAS_D256; };  // 200 KB/CTA; float8 104 KB
 // 2 stages: 3 would pass the 227 KB limit (384: 228 KB).  512: 208 KB/CTA; 384: 156 KB/CTA.
-template <> struct DecodeTraits<384> { static constexpr int kStages = 2, kMinBlocks = 1, kMinBlocksFp8 = 0, kVSplits = 2, kMinBlocksWide = 0; };
-template <> struct DecodeTraits<512> { static constexpr int kStages = 2, kMinBlocks = 1, kMinBlocksFp8 = 0, kVSplits = 2, kMinBlocksWide = 0; };
+template <> struct DecodeTraits<384> { static constexpr int kStages = 2, kMinBlocks = 1, kMinBlocksFp8 = 0, kVSplits = 2; };
+template <> struct DecodeTraits<512> { static constexpr int kStages = 2, kMinBlocks = 1, kMinBlocksFp8 = 0, kVSplits = 2; };
 
 // The K / V ring holds unpadded rows (kD or kDV elements of kKvBytes bytes: 2, or 1 for
 // float8, which ldmatrix reads directly) whose 16-byte chunks are XOR-swizzled by row
@@ -166,11 +157,11 @@ template <> struct DecodeTraits<512> { static constexpr int kStages = 2, kMinBlo
 // requests, a third of them for sectors already requested; cuDNN's decode kernel, 33.6 M in
 // whole 128-byte requests) and 86% L2 throughput (stop 36, H100).  Swizzled: 33.6 M sectors,
 // at the same kernel time (L2 was busy, not the limit).  Q keeps padded rows (read once).
-template <int kD, int kKvBytes = 2, int kRows = kDecodeRows>
+template <int kD, int kKvBytes = 2>
 struct DecodeSmem {
   static constexpr int kDV = kD / DecodeTraits<kD>::kVSplits;  // V / O columns of a CTA
   static constexpr int kQRowBytes = (kD + 8) * 2;  // Q rows, padded by 16 bytes
-  static constexpr int kQBytes = kRows * kQRowBytes;
+  static constexpr int kQBytes = kDecodeRows * kQRowBytes;
   static constexpr int kRowBytesK = kD * kKvBytes;    // ring rows, unpadded (ring_offset)
   static constexpr int kRowBytesV = kDV * kKvBytes;
   static constexpr int kRingTileBytes = kDecodeTileN * kRowBytesK;
@@ -180,24 +171,13 @@ struct DecodeSmem {
   static constexpr int kStageBytes = kRingTileBytes + kRingTileBytesV;  // K then V
   static constexpr int kWarpBytes = DecodeTraits<kD>::kStages * kStageBytes;
   static constexpr int kMergeRow = kDV + 8;  // floats per row of the cross-warp merge buffer
-  static constexpr int kMergeBytes = kDecodeWarps * kRows * kMergeRow * 4;
+  static constexpr int kMergeBytes = kDecodeWarps * kDecodeRows * kMergeRow * 4;
   static constexpr int kRingBytes = kDecodeWarps * kWarpBytes;
   static constexpr int kBytes = kQBytes + (kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes);
 };
 
 __device__ __forceinline__ u32 lane_id() { return threadIdx.x & 31; }
 
-// FA_DECODE_MERGE_LOADS_MAX (sweep switch, 16 or 32): the fused merge's float4 loads in flight
-// per lane in the 16-row kernels whose CTAs per SM leave 255 registers a thread (16-bit D = 128
-// at 2 CTAs, D = 256 / 384 / 512 at 1, float8 D = 256 at 2).  The merge runs after the
-// key loop, so its loads reuse the loop's registers.  At head dim 128 a lane's loads cover
-// kLoads splits.  Measured on an H100 (stop 40, decode_timeline.py, B = 1, merge alone 16 ->
-// 32): ctx 32768 at 29 splits 3.90 -> 3.70 us, 32 splits 3.98 -> 3.84, but 16 splits (and
-// ctx 4096's 16) 2.62-2.64 -> 3.44; the round trips were not what the merge's time is made of,
-// so 16 stays.
-#ifndef FA_DECODE_MERGE_LOADS_MAX
-#define FA_DECODE_MERGE_LOADS_MAX 16
-#endif
 // FA_DECODE_LEAN_ISSUE (A/B switch, 16-bit K/V, head dims 64 / 128 / 256): a tile's copy
 // issue shuffles each key row's K address (made once, by the lane that resolved the key)
 // instead of its element offset, and each lane adds its own column, fixed for the CTA (a lane
@@ -526,10 +506,9 @@ __device__ __forceinline__ u32 pair_keys_per_column(u32 w) {
   return r;
 }
 
-template <int kD, typename Elem, class Kv = KvSame, int kMTiles = 1>
+template <int kD, typename Elem, class Kv = KvSame>
 __device__ void flash_decode(const DecodeParams& dp) {
-  constexpr int kRows = kMTiles * kDecodeRows;  // packed rows of this CTA (kDecodeWideRows)
-  using Sm = DecodeSmem<kD, Kv::kBytes, kRows>;
+  using Sm = DecodeSmem<kD, Kv::kBytes>;
   constexpr bool kFp8 = Kv::kBytes == 1;
   // The tensor-core type: the query's, or float16 for float8 K/V (see the file comment).
   using Mma = conditional_t<kFp8, F16, Elem>;
@@ -538,24 +517,17 @@ __device__ void flash_decode(const DecodeParams& dp) {
   constexpr int kChunks8 = kD / 16;  // 16-byte chunks per float8 row
   constexpr int kVSplits = DecodeTraits<kD>::kVSplits, kDV = Sm::kDV, kChunksV = kDV / 8;
   // The fused merge's loads in flight per lane (merge_split_partials): 16 where the CTAs per SM
-  // leave >= 160 registers a thread, FA_DECODE_MERGE_LOADS_MAX where they leave all 255.
-  constexpr int kCtasPerSm = kFp8 ? DecodeTraits<kD>::kMinBlocksFp8
-                            : kMTiles > 1 ? DecodeTraits<kD>::kMinBlocksWide : DecodeTraits<kD>::kMinBlocks;
-  constexpr int kThreadRegs = 65536 / (kDecodeThreads * kCtasPerSm);
-  // (32 spilled 172 bytes in the 32-row D = 128 kernel, NVRTC sm_80 / sm_90: 16 there.)
-  constexpr int kMergeLoads = kThreadRegs >= 255 && kMTiles == 1 ? FA_DECODE_MERGE_LOADS_MAX
-                             : kThreadRegs >= 160 ? 16 : 8;
-  static_assert(FA_DECODE_MERGE_LOADS_MAX == 16 || FA_DECODE_MERGE_LOADS_MAX == 32, "merge loads: 16 or 32");
+  // leave >= 160 registers a thread.
+  constexpr int kCtasPerSm = kFp8 ? DecodeTraits<kD>::kMinBlocksFp8 : DecodeTraits<kD>::kMinBlocks;
+  constexpr int kMergeLoads = 65536 / (kDecodeThreads * kCtasPerSm) >= 160 ? 16 : 8;
   static_assert(!kFp8 || (kVSplits == 1 && kD % 32 == 0), "float8 K/V: head dims 64 / 128 / 256");
-  static_assert(kMTiles == 1 || (kMTiles == 2 && !kFp8 && DecodeTraits<kD>::kMinBlocksWide > 0),
-                "32-row tiles: 16-bit K/V, head dims 64 / 128 (O holds 2 x kD / 2 floats a lane)");
   // kCtasPerSm CTAs (each with ~1 KB reserved and ~0.7 KB static) fit an sm_90 SM's 228 KB.
   static_assert(kCtasPerSm * (Sm::kBytes + 2048) <= 228 * 1024,
                 "decode: kMinBlocks / kMinBlocksFp8 CTAs do not fit one SM");
   const FwdParams& p = dp.f;
   extern __shared__ __align__(128) unsigned char smem[];  // 128: ring lines (DecodeSmem)
-  __shared__ float s_m[kDecodeWarps][kRows], s_l[kDecodeWarps][kRows];
-  __shared__ float s_rowm[kRows], s_rowl[kRows];
+  __shared__ float s_m[kDecodeWarps][kDecodeRows], s_l[kDecodeWarps][kDecodeRows];
+  __shared__ float s_rowm[kDecodeRows], s_rowl[kDecodeRows];
 
   FA_DECODE_STAMP(0);
   const int tidx = threadIdx.x, warp = tidx / 32, lane = tidx & 31;
@@ -575,7 +547,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
     q_start = bi.q_start; len_q = bi.len_q; k_start = bi.k_start; len_k = bi.len_k; table = nullptr;
   }
   const int rows_total = len_q * g;
-  const int row0 = m_block * kRows;
+  const int row0 = m_block * kDecodeRows;
   if (row0 >= rows_total) return;  // no rows here (combine reads only rows of real queries)
   if (len_q < p.len_q_min || len_q > p.len_q_max) return;  // the prefill kernel's (mixed batch)
   const int shift = len_k - len_q;
@@ -587,7 +559,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
 
   // Key tiles any row of this CTA can see, intersected with this split's share of the
   // sequence's 16-key tiles.
-  const int i_lo = row0 / g, i_hi = (imin(row0 + kRows, rows_total) - 1) / g;
+  const int i_lo = row0 / g, i_hi = (imin(row0 + kDecodeRows, rows_total) - 1) / g;
   int n_lo, n_hi;
   window.template tile_range<kDecodeTileN>(i_lo, i_hi, n_lo, n_hi);
   const int n_tiles = ceil_div(len_k, kDecodeTileN);
@@ -608,7 +580,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
   const u32 ring = q_smem + Sm::kQBytes + warp * Sm::kWarpBytes;
 
   // ---- Prologue 1: Q rows (packed) -> smem, zero-filled past the rows / head dim. ----------
-  for (int idx = tidx; idx < kRows * kChunks; idx += kDecodeThreads) {
+  for (int idx = tidx; idx < kDecodeRows * kChunks; idx += kDecodeThreads) {
     const int r = idx / kChunks, c = idx % kChunks;
     const int pr = row0 + r;
     const bool ok = pr < rows_total && c * 8 < hd;
@@ -728,29 +700,27 @@ __device__ void flash_decode(const DecodeParams& dp) {
   }
   KeyRef next_key = first_keys[kStages - 1];  // page ids one issue ahead
 
-  // Per-lane rows: in m-tile mi, A = 16 mi + lane / 4 and B = A + 8 (the two rows of an mma
-  // accumulator); packed row pr -> query index pr / g, head hk * g + pr % g.  A padding row
-  // (pr >= rows_total) sees no key (last key -1).
+  // Per-lane rows: A = lane / 4, B = A + 8 (the two rows of an mma accumulator), packed row
+  // pr -> query index pr / g, head hk * g + pr % g.  A padding row (pr >= rows_total) sees no
+  // key (last key -1).
   const int ra = lane >> 2, tq = lane & 3;
-  int qi[kMTiles][2], first[kMTiles][2], last[kMTiles][2];
-  float slope[kMTiles][2];
+  int qi[2], first[2], last[2];
+  float slope[2];
   const LogitTransform<true> xform(p, shift);  // softcap / ALiBi: run-time switches here
 #pragma unroll
-  for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int pr = row0 + 16 * mi + ra + 8 * h;
-      const bool row_ok = pr < rows_total;
-      qi[mi][h] = pr / g;
-      window.row_keys(qi[mi][h], first[mi][h], last[mi][h]);
-      if (!row_ok) last[mi][h] = -1;
-      slope[mi][h] = row_ok ? xform.slope(p, bidb, hk * g + pr % g) : 0.f;
-    }
+  for (int h = 0; h < 2; ++h) {
+    const int pr = row0 + ra + 8 * h;
+    const bool row_ok = pr < rows_total;
+    qi[h] = pr / g;
+    window.row_keys(qi[h], first[h], last[h]);
+    if (!row_ok) last[h] = -1;
+    slope[h] = row_ok ? xform.slope(p, bidb, hk * g + pr % g) : 0.f;
+  }
   const float c = xform.log2_scale;
 
-  float o[kMTiles][kDV / 8][4];
+  float o[1][kDV / 8][4];
   zero_fragments(o);
-  OnlineSoftmax<kMTiles> softmax;
+  OnlineSoftmax<1> softmax;
   softmax.init();
 
   // Q is shared by all warps: wait for its group (the oldest) and publish it.
@@ -794,9 +764,9 @@ __device__ void flash_decode(const DecodeParams& dp) {
 
     // S = Q K^T (16 rows x 16 keys: n-tile 0 keys 0-7, 1 keys 8-15); k-steps past the head dim
     // are skipped (uniform branch).
-    float s[kMTiles][2][4];
+    float s[1][2][4];
     zero_fragments(s);
-    if constexpr (kFp8) {  // one m-tile (the static_assert above): index 0 throughout
+    if constexpr (kFp8) {
       // Two k-steps per ldmatrix: kb[0] / kb[1] keys 0-7 / 8-15 of k-step 2 kk2, kb[2] / kb[3]
       // of k-step 2 kk2 + 1; each register's bytes 0-1 / 2-3 are the B fragment's halves.
 #pragma unroll
@@ -821,16 +791,11 @@ __device__ void flash_decode(const DecodeParams& dp) {
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) {
         if (kk * 16 < hd) {
-          u32 qa[kMTiles][4], kb[4];  // one K fragment serves every m-tile
-#pragma unroll
-          for (int mi = 0; mi < kMTiles; ++mi)
-            ldmatrix_x4(qa[mi], q_smem + mi * 16 * Sm::kQRowBytes + lrow_q + kk * 32);
+          u32 qa[4], kb[4];
+          ldmatrix_x4(qa, q_smem + lrow_q + kk * 32);
           ldmatrix_x4(kb, ks + ring_offset<Sm::kRowBytesK>(lr, 2 * kk + lhi));
-#pragma unroll
-          for (int mi = 0; mi < kMTiles; ++mi) {
-            Mma::mma(s[mi][0], qa[mi], kb[0], kb[2]);  // keys 0-7
-            Mma::mma(s[mi][1], qa[mi], kb[1], kb[3]);  // keys 8-15
-          }
+          Mma::mma(s[0][0], qa, kb[0], kb[2]);  // keys 0-7
+          Mma::mma(s[0][1], qa, kb[1], kb[3]);  // keys 8-15
         }
       }
     }
@@ -843,21 +808,16 @@ __device__ void flash_decode(const DecodeParams& dp) {
 
     // The logit variant and the mask, each row at its own query index, then online softmax.
     const int col0 = t * kDecodeTileN + 2 * tq;
-    xform.apply(s, [&](int mi, int h) { return qi[mi][h]; },
-                [&](int mi, int h) { return slope[mi][h]; }, col0);
-    mask_fragment(s, [&](int mi, int h, int& lo, int& hi) { lo = first[mi][h]; hi = last[mi][h]; },
-                  col0, 0u);
+    xform.apply(s, [&](int, int h) { return qi[h]; }, [&](int, int h) { return slope[h]; }, col0);
+    mask_fragment(s, [&](int, int h, int& lo, int& hi) { lo = first[h]; hi = last[h]; }, col0, 0u);
     softmax.update(s, o, c);  // s now holds P
 
     // O += P V: the S accumulators of keys 0-7 / 8-15 are the A fragment of P (16 x 16).
-    u32 pa[kMTiles][4];
-#pragma unroll
-    for (int mi = 0; mi < kMTiles; ++mi) {
-      pa[mi][0] = Mma::pack(s[mi][0][0], s[mi][0][1]);
-      pa[mi][1] = Mma::pack(s[mi][0][2], s[mi][0][3]);
-      pa[mi][2] = Mma::pack(s[mi][1][0], s[mi][1][1]);
-      pa[mi][3] = Mma::pack(s[mi][1][2], s[mi][1][3]);
-    }
+    u32 pa[4];
+    pa[0] = Mma::pack(s[0][0][0], s[0][0][1]);
+    pa[1] = Mma::pack(s[0][0][2], s[0][0][3]);
+    pa[2] = Mma::pack(s[0][1][0], s[0][1][1]);
+    pa[3] = Mma::pack(s[0][1][2], s[0][1][3]);
     if constexpr (kFp8) {
       // vb[0] / vb[1]: keys 0-7 / 8-15 of columns 32 dd2 .. + 15; vb[2] / vb[3] of the next 16.
 #pragma unroll
@@ -871,8 +831,8 @@ __device__ void flash_decode(const DecodeParams& dp) {
             if (b * 16 < hd_v) {
               const u32 lo = pair_keys_per_column(vb[2 * half]);
               const u32 hi = pair_keys_per_column(vb[2 * half + 1]);
-              Mma::mma(o[0][2 * b], pa[0], Kv::template to_f16x2<0>(lo), Kv::template to_f16x2<0>(hi));
-              Mma::mma(o[0][2 * b + 1], pa[0], Kv::template to_f16x2<1>(lo), Kv::template to_f16x2<1>(hi));
+              Mma::mma(o[0][2 * b], pa, Kv::template to_f16x2<0>(lo), Kv::template to_f16x2<0>(hi));
+              Mma::mma(o[0][2 * b + 1], pa, Kv::template to_f16x2<1>(lo), Kv::template to_f16x2<1>(hi));
             }
           }
         }
@@ -881,13 +841,10 @@ __device__ void flash_decode(const DecodeParams& dp) {
 #pragma unroll
       for (int dd = 0; dd < kDV / 16; ++dd) {
         if (dd * 16 < hd_v) {
-          u32 vb[4];  // one V fragment serves every m-tile
+          u32 vb[4];
           ldmatrix_x4_trans(vb, vs + ring_offset<Sm::kRowBytesV>(lr, 2 * dd + lhi));
-#pragma unroll
-          for (int mi = 0; mi < kMTiles; ++mi) {
-            Mma::mma(o[mi][2 * dd], pa[mi], vb[0], vb[1]);
-            Mma::mma(o[mi][2 * dd + 1], pa[mi], vb[2], vb[3]);
-          }
+          Mma::mma(o[0][2 * dd], pa, vb[0], vb[1]);
+          Mma::mma(o[0][2 * dd + 1], pa, vb[2], vb[3]);
         }
       }
     }
@@ -900,62 +857,56 @@ __device__ void flash_decode(const DecodeParams& dp) {
   __syncthreads();  // the rings are reused as the merge buffer
   float* merge = reinterpret_cast<float*>(smem + Sm::kQBytes);
 #pragma unroll
-  for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float l_warp = softmax.row_total(mi, h);
-      if (tq == 0) {
-        s_m[warp][16 * mi + ra + 8 * h] = softmax.row_max[mi][h];
-        s_l[warp][16 * mi + ra + 8 * h] = l_warp;
-      }
+  for (int h = 0; h < 2; ++h) {
+    const float l_warp = softmax.row_total(0, h);
+    if (tq == 0) {
+      s_m[warp][ra + 8 * h] = softmax.row_max[0][h];
+      s_l[warp][ra + 8 * h] = l_warp;
     }
+  }
   __syncthreads();
-  float row_m[kMTiles][2], row_l[kMTiles][2];
+  float row_m[2], row_l[2];
 #pragma unroll
-  for (int mi = 0; mi < kMTiles; ++mi)
+  for (int h = 0; h < 2; ++h) {
+    const int r = ra + 8 * h;
+    float mm = neg_inf();
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = 16 * mi + ra + 8 * h;
-      float mm = neg_inf();
+    for (int w = 0; w < kDecodeWarps; ++w) mm = fmaxf(mm, s_m[w][r]);
+    const float shift_r = row_shift(mm, c);
+    float ll = 0.f;
 #pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w) mm = fmaxf(mm, s_m[w][r]);
-      const float shift_r = row_shift(mm, c);
-      float ll = 0.f;
+    for (int w = 0; w < kDecodeWarps; ++w) ll += s_l[w][r] * part_weight(s_m[w][r], c, shift_r);
+    row_m[h] = mm;
+    row_l[h] = ll;
+    const float f = part_weight(softmax.row_max[0][h], c, shift_r);  // this warp's weight
+    if constexpr (kFp8) {  // O's columns back in order (fp8_direct_column)
+      float* dst = merge + ((warp * kDecodeRows) + r) * Sm::kMergeRow;
 #pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w) ll += s_l[w][r] * part_weight(s_m[w][r], c, shift_r);
-      row_m[mi][h] = mm;
-      row_l[mi][h] = ll;
-      const float f = part_weight(softmax.row_max[mi][h], c, shift_r);  // this warp's weight
-      if constexpr (kFp8) {  // O's columns back in order (fp8_direct_column)
-        float* dst = merge + ((warp * kRows) + r) * Sm::kMergeRow;
+      for (int n = 0; n < kDV / 8; ++n)
 #pragma unroll
-        for (int n = 0; n < kDV / 8; ++n)
+        for (int e = 0; e < 2; ++e) dst[fp8_direct_column(n, tq, e)] = o[0][n][2 * h + e] * f;
+    } else {
+      float* dst = merge + ((warp * kDecodeRows) + r) * Sm::kMergeRow + 2 * tq;
 #pragma unroll
-          for (int e = 0; e < 2; ++e) dst[fp8_direct_column(n, tq, e)] = o[mi][n][2 * h + e] * f;
-      } else {
-        float* dst = merge + ((warp * kRows) + r) * Sm::kMergeRow + 2 * tq;
-#pragma unroll
-        for (int n = 0; n < kDV / 8; ++n) {
-          dst[n * 8] = o[mi][n][2 * h] * f;
-          dst[n * 8 + 1] = o[mi][n][2 * h + 1] * f;
-        }
+      for (int n = 0; n < kDV / 8; ++n) {
+        dst[n * 8] = o[0][n][2 * h] * f;
+        dst[n * 8 + 1] = o[0][n][2 * h + 1] * f;
       }
     }
+  }
   if (warp == 0 && tq == 0) {
 #pragma unroll
-    for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        s_rowm[16 * mi + ra + 8 * h] = row_m[mi][h];
-        s_rowl[16 * mi + ra + 8 * h] = row_l[mi][h];
-      }
+    for (int h = 0; h < 2; ++h) {
+      s_rowm[ra + 8 * h] = row_m[h];
+      s_rowl[ra + 8 * h] = row_l[h];
+    }
   }
   __syncthreads();
 
   // Sum the scaled warp partials, normalize, store (4 columns per thread per step).
   constexpr int kC4 = kDV / 4;
   const bool split_mode = dp.num_splits > 1;
-  for (int idx = tidx; idx < kRows * kC4; idx += kDecodeThreads) {
+  for (int idx = tidx; idx < kDecodeRows * kC4; idx += kDecodeThreads) {
     const int r = idx / kC4, d = (idx % kC4) * 4;
     const int pr = row0 + r;
     if (pr >= rows_total || d >= hd_v) continue;
@@ -974,7 +925,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w) {
-      const float* src = merge + (w * kRows + r) * Sm::kMergeRow + d;
+      const float* src = merge + (w * kDecodeRows + r) * Sm::kMergeRow + d;
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[e] += src[e];
     }
@@ -1043,7 +994,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
         cp.head_dim = hd;
         cp.num_splits = dp.num_splits;
         // This tile's packed rows, one (query, head) pair per warp.
-        for (int r = warp; r < kRows && row0 + r < rows_total; r += kDecodeWarps) {
+        for (int r = warp; r < kDecodeRows && row0 + r < rows_total; r += kDecodeWarps) {
           const int pr = row0 + r;
           merge_split_partials<Elem, kMergeLoads>(cp, q_start + pr / g, hk * g + pr % g, lane);
         }

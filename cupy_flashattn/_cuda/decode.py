@@ -18,21 +18,11 @@ partials (float32 O + LSE) are merged by the last split CTA of each tile in the 
 where :func:`fused_combine_applies` (dense decode launches), else by the combine kernel, which
 also serves :func:`merge_states` (``merge_attention_states`` on CuPy).
 
-Wide groups (:func:`decode_rows`): where a kv head has more than 16 packed rows (MQA 32/1, or
-GQA with several query tokens) and the head dim is at most 128, one CTA can take 32 rows (two
-mma m-tiles sharing each K/V fragment), so each key is read once per kv head instead of once
-per 16-row tile -- the second tile's CTA read it again through L2.  Opt-in
-(``CUPY_FLASHATTN_SM90_DEFINES=FA_DECODE_WIDE_ROWS=1``, :func:`wide_rows_enabled`): tested on
-an H100 it is correct but ~12% slower than two 16-row CTAs (the second CTA's reads are L2 hits
-that cost no DRAM bytes; MQA decode is bound by instructions per key -- benchmarks/NOTES.md,
-stop 40).
-
 Instantiations: one decode kernel per (dtype, head-dim bucket 64/128/256/384/512) -- masks,
 softcap, ALiBi and paged addressing are run-time switches (the kernel waits on memory, not on
 ALU) -- plus one combine kernel and one rotary/append kernel (``kv_cache.cu``) with run-time
-dtypes; per (dtype, bucket 64/128) one with 32-row tiles (:data:`WIDE_BUCKETS`); and per
-(dtype, bucket 64/128/256, float8 format) one reading float8 K/V (:data:`FP8_KV_FORMATS`:
-float8 caches on the GPU, ``fp8.gpu_rules``).
+dtypes; and per (dtype, bucket 64/128/256, float8 format) one reading float8 K/V
+(:data:`FP8_KV_FORMATS`: float8 caches on the GPU, ``fp8.gpu_rules``).
 """
 
 from __future__ import annotations
@@ -71,17 +61,11 @@ log = logging.getLogger("cupy_flashattn")
 
 #: 384 / 512: V-split CTAs (flash_decode.cu DecodeTraits::kVSplits), as the prefill's.
 DECODE_BUCKETS = (64, 128, 256, 384, 512)
-# fa::kDecodeRows, fa::kDecodeWideRows and fa::kDecodeWarps * 32 (flash_decode.cu); every
-# generated decode entry point static_asserts them, so they cannot drift.  Per-bucket stages,
-# occupancy and shared memory are read from the compiler (device_facts.py).
+# fa::kDecodeRows and fa::kDecodeWarps * 32 (flash_decode.cu); every generated decode entry
+# point static_asserts both, so they cannot drift.  Per-bucket stages, occupancy and shared
+# memory are read from the compiler (device_facts.py).
 DECODE_ROWS = 16
-DECODE_WIDE_ROWS = 32
 DECODE_THREADS = 128
-
-#: Buckets with a 32-row (wide-group) kernel for 16-bit K/V: its O is 2 x D / 2 floats a lane,
-#: 128 registers at D = 128 (flash_decode.cu: DecodeTraits::kMinBlocksWide > 0 for these only;
-#: tests/test_device_facts.py holds the two together).
-WIDE_BUCKETS = (64, 128)
 
 DECODE_EXTRA = (
     ("float*", "oaccum"),
@@ -139,13 +123,11 @@ class DecodeKey:
     head_dim: int  # one of DECODE_BUCKETS
     arch: str = "sm80"  # kernel family (compile.ARCHS): cuda_src/<arch>/flash_decode.cu
     kv: str = ""  # "": K/V in dtype; "e4m3" / "e5m2": float8 K/V (FP8_KV_FORMATS)
-    rows: int = DECODE_ROWS  # packed rows per CTA: DECODE_ROWS, or DECODE_WIDE_ROWS (decode_rows)
 
     @property
     def name(self) -> str:
         kv = f"_kv{self.kv}" if self.kv else ""
-        rows = f"_r{self.rows}" if self.rows != DECODE_ROWS else ""
-        return f"{family_prefix('decode', self.arch)}_{self.dtype}_d{self.head_dim}{kv}{rows}"
+        return f"{family_prefix('decode', self.arch)}_{self.dtype}_d{self.head_dim}{kv}"
 
     def __str__(self) -> str:
         return self.name
@@ -156,17 +138,8 @@ class DecodeKey:
 
     @property
     def min_blocks(self) -> int:
-        """CTAs per SM the kernel is built for (__launch_bounds__; the float8 and 32-row
-        kernels' own)."""
-        if self.rows != DECODE_ROWS:
-            return decode_facts()[self.head_dim]["kMinBlocksWide"]
+        """CTAs per SM the kernel is built for (__launch_bounds__; the float8 kernel's own)."""
         return decode_facts()[self.head_dim]["kMinBlocksFp8" if self.kv else "kMinBlocks"]
-
-    @property
-    def smem_bytes(self) -> int:
-        """Dynamic shared memory of this kernel (:func:`smem_bytes` of its bucket, K/V format
-        and rows)."""
-        return smem_bytes(self.head_dim, self.kv, self.rows)
 
     @property
     def v_splits(self) -> int:
@@ -178,23 +151,10 @@ class DecodeKey:
         return min(255, 65536 // (DECODE_THREADS * self.min_blocks) // 8 * 8)
 
 
-def smem_bytes(bucket: int, kv: str = "", rows: int = DECODE_ROWS) -> int:
-    """Dynamic shared memory of the decode kernel (``fa::DecodeSmem<bucket, 2 or 1, rows>::kBytes``;
-    ``kv``: a float8 format, DecodeKey.kv; ``rows``: DecodeKey.rows)."""
-    if rows != DECODE_ROWS:
-        return decode_facts()[bucket]["kBytesWide"]
+def smem_bytes(bucket: int, kv: str = "") -> int:
+    """Dynamic shared memory of the decode kernel (``fa::DecodeSmem<bucket, 2 or 1>::kBytes``;
+    ``kv``: a float8 format, DecodeKey.kv)."""
     return decode_facts()[bucket]["kBytesFp8" if kv else "kBytes"]
-
-
-def decode_rows(packed_rows: int, bucket: int, kv: str = "") -> int:
-    """Packed rows per CTA for ``packed_rows`` rows of one kv head (longest query x g):
-    DECODE_WIDE_ROWS where more than one 16-row tile is needed and a wide kernel is built
-    (16-bit K/V, :data:`WIDE_BUCKETS`) -- then every key is read once per kv head, where two
-    16-row CTAs each read it (the second mostly from L2) -- else DECODE_ROWS.  The 32-row
-    kernel is opt-in (:func:`wide_rows_enabled`: measured slower)."""
-    if packed_rows > DECODE_ROWS and bucket in WIDE_BUCKETS and not kv and wide_rows_enabled():
-        return DECODE_WIDE_ROWS
-    return DECODE_ROWS
 
 
 def decode_bucket(head_dim: int) -> int:
@@ -217,14 +177,8 @@ def kv_format(kv_dtype, head_dim: int) -> str:
     return "e4m3" if np.dtype(kv_dtype) == fp8.FLOAT8_E4M3FN else "e5m2"
 
 
-def decode_shipped_keys(wide: bool | None = None) -> list:
-    """Every decode kernel the host may plan.  ``wide``: include the 32-row kernels (default:
-    :func:`wide_rows_enabled`, the switch that lets plans take them -- precompiling them for
-    plans that never run them would only cost compile time)."""
-    wide = wide_rows_enabled() if wide is None else wide
+def decode_shipped_keys() -> list:
     return ([DecodeKey(dt, d) for dt in ("f16", "bf16") for d in DECODE_BUCKETS]
-            + [DecodeKey(dt, d, rows=DECODE_WIDE_ROWS) for dt in ("f16", "bf16") for d in WIDE_BUCKETS
-               if wide]
             + [DecodeKey(dt, d, kv=kv) for dt in ("f16", "bf16") for d in FP8_KV_BUCKETS
                for kv in FP8_KV_FORMATS])
 
@@ -243,21 +197,16 @@ _EXTRA_NAMES = tuple(n for _, n in DECODE_EXTRA)
 def _decode_wrapper(key: DecodeKey) -> str:
     elem = "fa::Bf16" if key.dtype == "bf16" else "fa::F16"
     kv = FP8_KV_FORMATS[key.kv] if key.kv else "fa::KvSame"
-    m_tiles = key.rows // DECODE_ROWS
-    # The 16-row kernels keep flash_decode's default m-tile argument (their generated text, and
-    # so their cubins, as before the wide kernels).
-    wide = f", {m_tiles}" if m_tiles != 1 else ""
     return f"""
-static_assert(fa::kDecodeRows == {DECODE_ROWS} && fa::kDecodeWideRows == {DECODE_WIDE_ROWS} &&
-              fa::kDecodeWarps * 32 == {DECODE_THREADS} &&
-              fa::DecodeSmem<{key.head_dim}, {kv}::kBytes, {key.rows}>::kBytes == {key.smem_bytes},
+static_assert(fa::kDecodeRows == {DECODE_ROWS} && fa::kDecodeWarps * 32 == {DECODE_THREADS} &&
+              fa::DecodeSmem<{key.head_dim}, {kv}::kBytes>::kBytes == {smem_bytes(key.head_dim, key.kv)},
               "{key.name}: the host's launch geometry differs from flash_decode.cu");
 extern "C" __global__ void __launch_bounds__({DECODE_THREADS}, {key.min_blocks}) {key.name}(
     const fa_decode_args a) {{
   fa::DecodeParams dp;
 {DECODE_ARGS.assign("dp.f", names=_PARAM_NAMES)}
 {DECODE_ARGS.assign("dp", names=_EXTRA_NAMES)}
-  fa::flash_decode<{key.head_dim}, {elem}, {kv}{wide}>(dp);
+  fa::flash_decode<{key.head_dim}, {elem}, {kv}>(dp);
 }}
 """
 
@@ -290,7 +239,7 @@ def rope_source() -> str:
 
 def _decode_kernel(key: DecodeKey):
     return load_function(("decode", key), lambda: decode_source([key], combine=False), key.name,
-                         key.smem_bytes)
+                         smem_bytes(key.head_dim, key.kv))
 
 
 def _combine_kernel():
@@ -303,10 +252,10 @@ def _rope_kernel():
 
 def precompile_decode(dtypes=("f16", "bf16"), buckets=DECODE_BUCKETS) -> list:
     names = []
-    for key in decode_shipped_keys():  # the 16-bit K/V kernels of these dtypes and buckets
-        if not key.kv and key.dtype in dtypes and key.head_dim in buckets:
-            _decode_kernel(key)
-            names.append(key.name)
+    for dt in dtypes:
+        for b in buckets:
+            _decode_kernel(DecodeKey(dt, b))
+            names.append(DecodeKey(dt, b).name)
     _combine_kernel()
     _rope_kernel()
     return names + [COMBINE_NAME, ROPE_NAME]
@@ -407,11 +356,10 @@ def plan(problem: AttentionProblem, len_q_max=None, sm_count=None):
     ``sm_count``: SMs of the GPU the split heuristic fills (default: the current device's)."""
     p = problem
     dt = kernel_dtype_tag(p.q.dtype)
-    bucket, kv = decode_bucket(p.head_dim), kv_format(p.kv_float8, p.head_dim)
+    key = DecodeKey(dt, decode_bucket(p.head_dim), kv=kv_format(p.kv_float8, p.head_dim))
     g = p.num_heads // p.num_heads_k
     longest = int(p.max_seqlen_q) if len_q_max is None else min(int(p.max_seqlen_q), int(len_q_max))
-    key = DecodeKey(dt, bucket, kv=kv, rows=decode_rows(longest * g, bucket, kv))
-    m_blocks = max(1, -(-longest * g // key.rows))
+    m_blocks = max(1, -(-longest * g // DECODE_ROWS))
     ctas = m_blocks * p.num_heads_k * key.v_splits * int(p.batch_size)
     if len_q_max is not None:
         return key, m_blocks, 1
@@ -429,41 +377,26 @@ def plan(problem: AttentionProblem, len_q_max=None, sm_count=None):
 
 
 def decode_grid(problem: AttentionProblem, m_blocks: int, splits: int, v_splits: int = 1) -> tuple:
-    """(splits x packed row tiles (DecodeKey.rows), kv heads x V-splits, batch): one CTA per tile of the
+    """(splits x packed 16-row tiles, kv heads x V-splits, batch): one CTA per tile of the
     packed (query, head) rows of one kv head of one sequence, per key split, and per V-split
     chunk of the head dim (384 / 512: blockIdx.y = kv head * v_splits + chunk)."""
     return (splits * m_blocks, problem.num_heads_k * v_splits, int(problem.batch_size))
-
-
-def _switch(name: str, default: bool) -> bool:
-    """A decode tuning switch as $CUPY_FLASHATTN_SM90_DEFINES sets it (``NAME=0`` off, any other
-    value on; the last setting wins, as with the #defines decode_source writes), else
-    ``default``."""
-    from .compile import _tuning_defines
-
-    on = default
-    for define in _tuning_defines():
-        n, _, value = define[2:].partition("=")
-        if n.strip() == name:
-            on = value.strip() != "0"
-    return on
 
 
 def _fused_combine_built() -> bool:
     """Whether the decode kernels are built with flash_decode.cu's FA_DECODE_FUSED_COMBINE: on
     by default (an H100 run, 2026-12-06: a B = 1 split decode step took 28.8 us instead of
     38.2 us with the combine kernel at context 4096, 79.9 vs 101.4 us at 32768), off only where
-    $CUPY_FLASHATTN_SM90_DEFINES sets it to 0 (the A/B baseline)."""
-    return _switch("FA_DECODE_FUSED_COMBINE", True)
+    $CUPY_FLASHATTN_SM90_DEFINES sets it to 0 (the A/B baseline; the last setting wins, as
+    with the #defines decode_source writes)."""
+    from .compile import _tuning_defines
 
-
-def wide_rows_enabled() -> bool:
-    """Whether plans may pick the 32-row kernel (:func:`decode_rows`): only where
-    $CUPY_FLASHATTN_SM90_DEFINES sets FA_DECODE_WIDE_ROWS=1.  Off by default: an H100 run
-    (stop 40) passed its tests and timed it slower than the 16-row kernel (MQA 32/1 D = 128
-    B = 64 ctx 4096: 78.1 against 69.4 us).  tests/gpu/test_gpu_decode.py's wide tests turn it
-    on, so it stays correct for the experiments that build on it."""
-    return _switch("FA_DECODE_WIDE_ROWS", False)
+    built = True
+    for define in _tuning_defines():
+        name, _, value = define[2:].partition("=")
+        if name.strip() == "FA_DECODE_FUSED_COMBINE":
+            built = value.strip() != "0"
+    return built
 
 
 def fused_combine_applies(problem: AttentionProblem, splits: int, v_splits: int,
@@ -490,7 +423,7 @@ class DecodePlan:
         self.key, self.m_blocks, self.splits = plan(p, len_q_max)
         self.compute_dtype = compute_dtype(self.key.dtype)
         self.kernel = _decode_kernel(self.key)
-        self.smem = self.key.smem_bytes
+        self.smem = smem_bytes(self.key.head_dim, self.key.kv)
         self.len_q_max = INT_MAX if len_q_max is None else int(len_q_max)
         self.grid = decode_grid(p, self.m_blocks, self.splits, self.key.v_splits)
         self.empty = not (p.total_q > 0 and p.batch_size > 0 and p.max_seqlen_q > 0)

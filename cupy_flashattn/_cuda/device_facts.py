@@ -34,11 +34,8 @@ __all__ = ["PREFILL_FACTS", "DECODE_FACTS", "prefill_facts", "decode_facts", "tr
 PREFILL_FACTS = ("kHeadDim", "kBlockM", "kBlockN", "kNWarps", "kMinBlocksPerSm", "kQInRegs",
                  "kStages", "kSmemBytes", "kVSplits")
 #: Members of ``fa::DecodeTraits<D>`` then ``fa::DecodeSmem<D>`` the host reads; kBytesFp8 is
-#: ``fa::DecodeSmem<D, 1>::kBytes`` (float8 K/V), kMinBlocksFp8 its CTAs per SM; kBytesWide
-#: ``fa::DecodeSmem<D, 2, fa::kDecodeWideRows>::kBytes`` (the 32-row tile of 16-bit K/V),
-#: kMinBlocksWide its CTAs per SM (0: no 32-row kernel for the bucket).
-DECODE_FACTS = ("kStages", "kMinBlocks", "kBytes", "kVSplits", "kBytesFp8", "kMinBlocksFp8",
-                "kBytesWide", "kMinBlocksWide")
+#: ``fa::DecodeSmem<D, 1>::kBytes`` (float8 K/V), kMinBlocksFp8 its CTAs per SM.
+DECODE_FACTS = ("kStages", "kMinBlocks", "kBytes", "kVSplits", "kBytesFp8", "kMinBlocksFp8")
 
 _ARRAY_RE = re.compile(r"fa_facts\[(\d+)\]\s*=\s*\{([^}]*)\}")
 
@@ -114,8 +111,6 @@ def _facts_for(tuning: tuple) -> dict:
     exprs += [f"fa::DecodeTraits<{d}>::kVSplits" for d in DECODE_BUCKETS]
     exprs += [f"fa::DecodeSmem<{d}, 1>::kBytes" for d in DECODE_BUCKETS]
     exprs += [f"fa::DecodeTraits<{d}>::kMinBlocksFp8" for d in DECODE_BUCKETS]
-    exprs += [f"fa::DecodeSmem<{d}, 2, fa::kDecodeWideRows>::kBytes" for d in DECODE_BUCKETS]
-    exprs += [f"fa::DecodeTraits<{d}>::kMinBlocksWide" for d in DECODE_BUCKETS]
     vals = _evaluate(build_source("sm80/flash_decode.cu"), exprs)
     k = len(DECODE_BUCKETS)
     decode = {d: dict(zip(DECODE_FACTS, vals[i::k])) for i, d in enumerate(DECODE_BUCKETS)}
