@@ -11,9 +11,8 @@ OUT=${OUT:-/tmp/fa_stop40}; mkdir -p "$OUT"
 if [ "${MODE:-next}" = next ]; then
   # ~3 min: the two decode switches prepared at the end of stop 40 (no device time was left).
   #   FA_DECODE_LEAN_ISSUE=1: the copy issue shuffles key-row addresses (689 instead of 725
-  #     instructions a tile; 150 registers at D = 128 instead of 228, so 3 CTAs per SM fit:
-  #     FA_DECODE_STAGES_D128=2,FA_DECODE_CTAS_D128=3, 12 warps per SM for the instruction-bound
-  #     MQA row);
+  #     instructions a tile), alone and with 3 CTAs per SM (FA_DECODE_STAGES_D128=2,
+  #     FA_DECODE_CTAS_D128=3: 12 warps per SM, never timed on the instruction-bound MQA row);
   #   FA_DECODE_ACQ_REL=1: the fused merge's handshake by acquire / release fences.
   L="$OUT/next"; mkdir -p "$L"
   LEAN=FA_DECODE_LEAN_ISSUE=1; C3=FA_DECODE_STAGES_D128=2,FA_DECODE_CTAS_D128=3
