@@ -8,11 +8,16 @@ TFLOP/s of back-to-back calls (one sync per 20 calls; host work overlaps the ker
 order, through flash_attn_varlen_func with block_table), as "p<P>" columns of the sm90 path.
 --varlen: also time the same batch through flash_attn_varlen_func (equal lengths, but on the
 device: the dynamic tile schedule), as a "varlen" column.
+--rounds R: time our columns R times each, interleaved (round 1: every column, round 2: every
+column, ...), and print each column's median with its range.  One pass of 20 calls is ~8 ms at
+D = 256; the columns timed last ran on a card that had been busy longest, so a column-order
+effect (clocks, power) shows up as a gap that moves with the order (--paged 256,16).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 
 import numpy as np
 
@@ -96,6 +101,8 @@ def main(argv=None):
     ap.add_argument("--varlen", action="store_true", help="a varlen column (equal lengths)")
     ap.add_argument("--page-order", default="random", choices=("random", "identity"),
                     help="pool pages in a random order, or in the dense layout's order")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time our columns this many times, interleaved; print median [min-max]")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     for item in args.rows.split(";"):
@@ -106,28 +113,42 @@ def main(argv=None):
                    for _ in range(3))
         flops = 4 * b * h * s * s * d / (2 if causal else 1)
         row, outs = [f"D{d} S{s} {'causal' if causal else 'full'}"], {}
+        columns = []  # (label, arch forced or None, call); timed after all are built
         archs = args.archs.split(",")
+        dense_call = functools.partial(fa.flash_attn_func, q, k, v, causal=causal)
         for arch in archs:
+            columns.append((arch, arch, dense_call))
             force_prefill_arch(arch)
-
-            def call():
-                return fa.flash_attn_func(q, k, v, causal=causal)
-            row.append(f"{arch} {flops / per_call(call) / 1e12:.0f}")
-            outs[arch] = cupy.asnumpy(call()).astype(np.float32)
+            outs[arch] = cupy.asnumpy(dense_call()).astype(np.float32)
         if args.varlen:
             cu = cupy.asarray(np.arange(0, b * s + 1, s, dtype=np.int32))
             qf, kf, vf = (x.reshape(b * s, h, d) for x in (q, k, v))
 
-            def varlen_call():
-                return fa.flash_attn_varlen_func(qf, kf, vf, cu, cu, s, s, causal=causal)
-            row.append(f"varlen {flops / per_call(varlen_call) / 1e12:.0f}")
+            columns.append(("varlen", None, functools.partial(
+                fa.flash_attn_varlen_func, qf, kf, vf, cu, cu, s, s, causal=causal)))
+        notes = {}
         for page in [int(x) for x in args.paged.split(",") if x]:
             if s % page:  # paged_call cuts the dense keys into whole pages
-                row.append(f"p{page} -- (S % {page} != 0)")
+                notes[f"p{page}"] = f"p{page} -- (S % {page} != 0)"
                 continue
+            force_prefill_arch(None)
             call, check = paged_call(q, k, v, page, causal, rng, args.page_order)
-            row.append(f"p{page} {flops / per_call(call) / 1e12:.0f}")
-            row.append(f"(diff {check:.3g})")
+            columns.append((f"p{page}", None, call))
+            notes[f"p{page}"] = f"(diff {check:.3g})"
+        rates = {label: [] for label, _, _ in columns}
+        for _ in range(max(1, args.rounds)):
+            for label, arch, call in columns:
+                force_prefill_arch(arch)
+                rates[label].append(flops / per_call(call) / 1e12)
+        for label, _, _ in columns:
+            r = sorted(rates[label])
+            text = f"{label} {float(np.median(r)):.0f}"
+            if len(r) > 1:
+                text += f" [{r[0]:.0f}-{r[-1]:.0f}]"
+            row.append(text)
+            if label in notes:
+                row.append(notes[label])
+        row += [v for key, v in notes.items() if key not in rates]
         force_prefill_arch(None)
         if len(archs) == 2:
             row.append(f"maxdiff {np.abs(outs[archs[0]] - outs[archs[1]]).max():.3g}")

@@ -346,7 +346,7 @@ def cases():
         ("PagedKVCache append + rotary decode float16-d64", lambda r: paged_cache_object(r)),
         ("merge_attention_states varlen bfloat16", lambda r: merge(r, BF16, dense=False)),
         ("merge_attention_states dense float16", lambda r: merge(r, F16, dense=True)),
-        ("absent page ids (check=False) bfloat16-d128", lambda r: absent_pages(r)),
+        ("absent page ids (check=False; prefill, then decode) bfloat16-d128", lambda r: absent_pages(r)),
         # The float32 / float64 kernels (sm80/flash_fwd_precise.cu: its own tiles and swizzles;
         # float32 on a 9.0 GPU: the sm90 kernel over float16 planes and their pre-pass).
         ("prefill dense float32-d128 causal (sm90: float16 planes; sm80: 3xTF32)", lambda r: prefill_dense(r, F32, 128, "causal")),

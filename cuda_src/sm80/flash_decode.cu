@@ -198,6 +198,16 @@ __device__ __forceinline__ u32 lane_id() { return threadIdx.x & 31; }
 #define FA_DECODE_ACQ_REL 0
 #endif
 __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+// FA_DECODE_PLAIN (A/B switch): logits with no softcap and no ALiBi and a positive scale (a
+// CTA-uniform test; the common decode step) take the prefill kernel's plain path -- the scale
+// folded into the softmax's exp2 (LogitTransform<false>'s log2_scale) -- and a tile that every
+// row of the CTA sees whole, with no absent key, skips the mask.  Otherwise every tile pays the
+// scale, the ALiBi term (slope 0 when absent) and the mask: ~80 of the 725 instructions of a
+// 16-key tile (bf16 D = 128, ptxas 13 sm_90), and MQA decode is bound by instructions per key
+// (NOTES.md, stop 40).
+#ifndef FA_DECODE_PLAIN
+#define FA_DECODE_PLAIN 0
+#endif
 // FA_DECODE_TIMELINE (a probe switch, 0 by default: no code): thread 0 of each CTA stamps
 // %globaltimer (ns) at the phases of a decode step into fa_decode_timeline[cta][phase], which
 // tools/decode_timeline.py reads back -- where a B = 1 step's time goes (issue 16).  Phases:
@@ -693,10 +703,17 @@ __device__ void flash_decode(const DecodeParams& dp) {
   KeyRef first_keys[kStages];
 #pragma unroll
   for (int j = 0; j < kStages; ++j) first_keys[j] = key_ref(tile_of(j));  // past n_mine: no key
+  // The keys of each tile in flight that have no row to read -- past the sequence, or on an
+  // absent page (paged.cuh: masked, never read) -- one bit per key, from the offsets the
+  // issue resolved (lanes 0-15 hold keys 0-15); the copies zero-fill them, and the mask makes
+  // them -inf.  A queue in registers: no_key[0] is the oldest tile in flight.
+  unsigned no_key[kStages - 1];
 #pragma unroll
   for (int j = 0; j < kStages - 1; ++j) {
-    if (j < n_mine) issue(j, key_offset(first_keys[j]));
+    const i64 off = key_offset(first_keys[j]);
+    if (j < n_mine) issue(j, off);
     cp_async_commit();  // always commit: group counting stays uniform
+    no_key[j] = __ballot_sync(0xffffffffu, off < 0) & 0xffffu;
   }
   KeyRef next_key = first_keys[kStages - 1];  // page ids one issue ahead
 
@@ -716,7 +733,26 @@ __device__ void flash_decode(const DecodeParams& dp) {
     if (!row_ok) last[h] = -1;
     slope[h] = row_ok ? xform.slope(p, bidb, hk * g + pr % g) : 0.f;
   }
-  const float c = xform.log2_scale;
+  // FA_DECODE_PLAIN: the plain logit (see the switch), and the keys [free_lo, free_hi] that
+  // every row of the CTA sees (all warps hold the same 16 rows: a warp reduction suffices);
+  // padding rows (zero queries, never written) need no mask.
+  // (16-bit K/V only: the float8 D = 128 kernel, at 128 registers for 4 CTAs per SM, spilled
+  // 8-16 bytes with it; ptxas 13, sm_90.)
+  const bool plain = FA_DECODE_PLAIN && !kFp8 && p.softcap <= 0.f && p.alibi_slopes == nullptr &&
+                     p.softmax_scale > 0.f && isfinite(p.softmax_scale);
+  const float c = plain ? p.softmax_scale * float(log2e_f64()) : xform.log2_scale;
+  int free_lo = 0, free_hi = 0x7fffffff;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    if (row0 + ra + 8 * h < rows_total) {
+      free_lo = imax(free_lo, first[h]);
+      free_hi = imin(free_hi, last[h]);
+    }
+#pragma unroll
+  for (int m = 16; m >= 1; m /= 2) {
+    free_lo = imax(free_lo, __shfl_xor_sync(0xffffffffu, free_lo, m));
+    free_hi = imin(free_hi, __shfl_xor_sync(0xffffffffu, free_hi, m));
+  }
 
   float o[1][kDV / 8][4];
   zero_fragments(o);
@@ -751,9 +787,14 @@ __device__ void flash_decode(const DecodeParams& dp) {
   for (int j = 0; j < n_mine; ++j) {
     // Refill the slot freed by tile j - 1 with tile j + kStages - 1 (its page ids were loaded
     // one iteration ago), then load the next tile's page ids while tile j computes.
-    if (j + kStages - 1 < n_mine) issue((j + kStages - 1) % kStages, key_offset(next_key));
+    const i64 next_off = key_offset(next_key);
+    if (j + kStages - 1 < n_mine) issue((j + kStages - 1) % kStages, next_off);
     cp_async_commit();
     next_key = key_ref(tile_of(j + kStages));
+    const unsigned tile_no_key = no_key[0];  // tile j's
+#pragma unroll
+    for (int i = 0; i + 1 < kStages - 1; ++i) no_key[i] = no_key[i + 1];
+    no_key[kStages - 2] = __ballot_sync(0xffffffffu, next_off < 0) & 0xffffu;
     cp_async_wait<kStages - 1>();  // tile j has landed (this lane's copies) ...
     __syncwarp();                  // ... and every lane's copies are visible to the warp
 #if FA_DECODE_TIMELINE
@@ -808,8 +849,16 @@ __device__ void flash_decode(const DecodeParams& dp) {
 
     // The logit variant and the mask, each row at its own query index, then online softmax.
     const int col0 = t * kDecodeTileN + 2 * tq;
-    xform.apply(s, [&](int, int h) { return qi[h]; }, [&](int, int h) { return slope[h]; }, col0);
-    mask_fragment(s, [&](int, int h, int& lo, int& hi) { lo = first[h]; hi = last[h]; }, col0, 0u);
+    if (!plain)
+      xform.apply(s, [&](int, int h) { return qi[h]; }, [&](int, int h) { return slope[h]; }, col0);
+    // Warp-uniform: a plain tile inside every row's keys, with a row for each key, is not masked.
+    const int key0 = t * kDecodeTileN;
+    if (!plain || tile_no_key != 0u || key0 < free_lo || key0 + kDecodeTileN - 1 > free_hi) {
+      // This lane's columns 2 tq + {0, 1} of n-tiles 0 / 1 (keys 2 tq + e, 8 + 2 tq + e), as
+      // mask_fragment's bits 2 nt + e.
+      const unsigned gone = ((tile_no_key >> (2 * tq)) & 3u) | (((tile_no_key >> (8 + 2 * tq)) & 3u) << 2);
+      mask_fragment(s, [&](int, int h, int& lo, int& hi) { lo = first[h]; hi = last[h]; }, col0, gone);
+    }
     softmax.update(s, o, c);  // s now holds P
 
     // O += P V: the S accumulators of keys 0-7 / 8-15 are the A fragment of P (16 x 16).

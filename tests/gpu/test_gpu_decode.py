@@ -196,6 +196,66 @@ def test_varlen_mixed_and_empty():
                        page=16, causal=True, num_splits=3))
 
 
+@pytest.mark.parametrize("page", [1, 16, 48])
+@pytest.mark.parametrize("h,hk", [(8, 2), (32, 1)])
+@pytest.mark.parametrize("softcap,splits", [(0.0, 0), (0.0, 3), (30.0, 3)])
+def test_absent_pages(page, h, hk, softcap, splits):
+    """Block-table entries outside [0, num_pages) (-1, num_pages, INT_MIN, INT_MAX) inside a
+    sequence's length: their keys are absent -- masked, never read (paged.cuh) -- as in the
+    prefill kernel and the CPU backend; a sequence whose every page is absent outputs 0 with
+    LSE +inf.  The decode kernel zero-fills an absent key's row, so without the mask its logit
+    would be 0, not -inf.  Softcap 0 takes FA_DECODE_PLAIN's unmasked tiles where that switch
+    is on (a tile with an absent key must still be masked); 30 the transform path.  The
+    reference is attention over the present keys (no window or ALiBi: positions do not
+    matter)."""
+    from cupy_flashattn import _cuda
+    from cupy_flashattn.reference import attention_ref
+
+    rng = np.random.default_rng(page * 7 + h + int(softcap) + splits)
+    lens_k = [300, 200, 70, 129]
+    p = make_problem(rng, d=128, h=h, hk=hk, lens_q=[1, 1, 1, 1], lens_k=lens_k, page=page,
+                     softcap=softcap, num_splits=splits)
+    table = cupy.asnumpy(p.block_table).copy()
+    num_pages = p.k.shape[0]
+    bad = np.array([-1, num_pages, np.iinfo(np.int32).min, np.iinfo(np.int32).max], np.int64)
+    for b, lk in enumerate(lens_k):
+        nblk = -(-lk // page)
+        if b == 2:
+            table[b, :] = bad[rng.integers(0, len(bad), table.shape[1])]  # every page absent
+        else:
+            drop = rng.choice(nblk, size=max(1, nblk // 3), replace=False)
+            table[b, drop] = bad[rng.integers(0, len(bad), drop.size)]
+    p.block_table = cupy.asarray(table.astype(np.int32))
+    assert _cuda.decode_applies(p)
+    _cuda.run_attention(p)
+    out = cupy.asnumpy(p.out).astype(np.float64)
+    lse = cupy.asnumpy(p.softmax_lse).astype(np.float64)
+    q, k, v = (cupy.asnumpy(x) for x in (p.q, p.k, p.v))
+    ref = np.zeros(out.shape)
+    naive = np.zeros(out.shape)
+    ref_lse = np.full(lse.shape, np.inf)
+    for b, lk in enumerate(lens_k):
+        pos = np.arange(lk)
+        pages = table[b, pos // page]
+        keep = (pages >= 0) & (pages < num_pages)
+        if not keep.any():
+            continue
+        kb, vb = k[pages[keep], pos[keep] % page], v[pages[keep], pos[keep] % page]
+        o, l = attention_ref(q[b:b + 1], kb, vb, softmax_scale=p.softmax_scale, softcap=softcap,
+                             return_lse=True)  # fmt: skip
+        ref[b:b + 1], ref_lse[:, b:b + 1] = o, l
+        naive[b:b + 1] = attention_ref(q[b:b + 1], kb, vb, softmax_scale=p.softmax_scale,
+                                       softcap=softcap, upcast=False)  # fmt: skip
+    assert not np.isnan(out).any() and not np.isnan(lse).any(), "unwritten (NaN) elements"
+    err = np.abs(out - ref).max()
+    bound = 2 * np.abs(naive - ref).max() + EPS[BF16]
+    assert err <= bound, f"max err {err:.3g} > bound {bound:.3g}"
+    assert (out[2] == 0).all() and np.isposinf(lse[:, 2]).all(), "all pages absent: 0, LSE +inf"
+    fin = np.isfinite(ref_lse)
+    assert np.array_equal(np.isfinite(lse), fin)
+    np.testing.assert_allclose(lse[fin], ref_lse[fin], rtol=1e-3, atol=2e-3)
+
+
 def test_negative_scale_and_routing():
     rng = np.random.default_rng(9)
     check(make_problem(rng, d=64, h=4, hk=4, lens_q=[2], lens_k=[90], scale=-0.1))

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Stop 41's device call, repo root, logs under $OUT (each part tarred as it finishes; a call cut
+# by its time limit still brings back what ran).
+#   1. (~2 min) decode, MQA 32/1 and GQA 32/8, D = 128, page 16: the default (now masking keys
+#      on absent pages) against FA_DECODE_PLAIN (no scale / ALiBi / mask work on whole plain
+#      tiles), + FA_DECODE_LEAN_ISSUE, + 3 CTAs per SM; B = 1 timelines with FA_DECODE_ACQ_REL.
+#   2. (~1.5 min) the decode GPU tests (with the new absent-page test) under the default and
+#      under PLAIN + LEAN + ACQ_REL.
+#   3. (~1 min) issue 12's paged D = 256 gap: page 256 against page 16 and dense with the
+#      columns interleaved over 7 rounds, in both column orders.
+#   4. (~2 min) memcheck and racecheck on the decode cases under PLAIN + LEAN + ACQ_REL.
+set -u
+OUT=${OUT:-/tmp/fa_stop41}; mkdir -p "$OUT"
+. "$(dirname "$0")/device_env.sh"
+PL=FA_DECODE_PLAIN=1; LEAN=FA_DECODE_LEAN_ISSUE=1; AR=FA_DECODE_ACQ_REL=1
+C3=FA_DECODE_STAGES_D128=2,FA_DECODE_CTAS_D128=3; ALL=$PL,$LEAN,$AR
+L="$OUT/dec"; mkdir -p "$L"
+for heads in 32/1 32/8; do
+  for defs in "" "$PL" "$PL,$LEAN" "$PL,$LEAN,$C3"; do
+    stamp "$heads D = 128 page 16 [${defs:-default}]"
+    CUPY_FLASHATTN_SM90_DEFINES=$defs timeout 90 python3 tools/decode_ring_probe.py \
+      --rows 64:4096,16:16384,1:4096 --splits 0 --heads $heads --dim 128 --page 16 \
+      $([ -z "$defs" ] && [ "$heads" = 32/1 ] || echo --no-peer) 2>&1 | tee -a "$L/probe.txt" | grep "^\["
+  done
+done
+for rep in 1; do
+  for defs in "" "$PL,$LEAN" "$ALL"; do
+    stamp "B = 1 ctx 32768 29 / 16 splits, ctx 4096 auto [${defs:-default}] ($rep)"
+    for sp in 29 16; do
+      CUPY_FLASHATTN_SM90_DEFINES=$defs timeout 60 python3 tools/decode_timeline.py \
+        --rows 1:32768 --splits $sp 2>&1 | tee -a "$L/timeline.txt" | grep "^B="
+    done
+    CUPY_FLASHATTN_SM90_DEFINES=$defs timeout 60 python3 tools/decode_timeline.py \
+      --rows 1:4096 --splits 0 2>&1 | tee -a "$L/timeline.txt" | grep "^B="
+  done
+done
+tar -C "$OUT" -czf "$OUT/dec_timing.tgz" dec
+for defs in "" "$ALL"; do
+  stamp "decode tests [${defs:-default}]"
+  CUPY_FLASHATTN_SM90_DEFINES=$defs OUT="$L/tests_${defs:+all}" PRECOMPILE=0 N=4 PYTEST_TIMEOUT=150 \
+    TESTS="tests/gpu/test_gpu_decode.py tests/test_decode_steps.py tests/gpu/test_gpu_fp8_decode.py" \
+    bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 6
+done
+tar -C "$OUT" -czf "$OUT/dec_tests.tgz" dec
+Q="$OUT/qb"; mkdir -p "$Q"
+for args in "--paged 16,256" "--paged 256,16"; do
+  stamp "quickbench $args"
+  timeout 120 python3 tools/quickbench_sm90.py --rows "256,4096,0;256,2048,0;128,4096,0" \
+    --archs sm90 --varlen --no-torch --rounds 7 $args 2>&1 | tee -a "$Q/quickbench.txt"
+done
+tar -C "$OUT" -czf "$OUT/qb.tgz" qb
+stamp "sanitizers (decode cases) under $ALL"
+CUPY_FLASHATTN_SM90_DEFINES=$ALL CASES_K=decode OUT="$L/san" TOOL_TIMEOUT=100 \
+  bash tools/sanitize.sh memcheck racecheck 2>&1 | tail -n 4
+tar -C "$OUT" -czf "$OUT/dec_all.tgz" dec
+stamp done
