@@ -851,13 +851,20 @@ __device__ void flash_decode(const DecodeParams& dp) {
     const int col0 = t * kDecodeTileN + 2 * tq;
     if (!plain)
       xform.apply(s, [&](int, int h) { return qi[h]; }, [&](int, int h) { return slope[h]; }, col0);
-    // Warp-uniform: a plain tile inside every row's keys, with a row for each key, is not masked.
+    // The mask (window and sequence end), skipped on a plain tile inside every row's keys;
+    // then, in a tile with a key that has no row (the sequence's last tile, or an absent
+    // page: rare), those keys' columns.  Warp-uniform branches.  (The key bits folded into
+    // mask_fragment's own test instead cost the default build ~30 instructions a tile.)
     const int key0 = t * kDecodeTileN;
-    if (!plain || tile_no_key != 0u || key0 < free_lo || key0 + kDecodeTileN - 1 > free_hi) {
-      // This lane's columns 2 tq + {0, 1} of n-tiles 0 / 1 (keys 2 tq + e, 8 + 2 tq + e), as
-      // mask_fragment's bits 2 nt + e.
-      const unsigned gone = ((tile_no_key >> (2 * tq)) & 3u) | (((tile_no_key >> (8 + 2 * tq)) & 3u) << 2);
-      mask_fragment(s, [&](int, int h, int& lo, int& hi) { lo = first[h]; hi = last[h]; }, col0, gone);
+    if (!plain || key0 < free_lo || key0 + kDecodeTileN - 1 > free_hi)
+      mask_fragment(s, [&](int, int h, int& lo, int& hi) { lo = first[h]; hi = last[h]; }, col0, 0u);
+    if (tile_no_key != 0u) {
+      // This lane's columns: keys 8 nt + 2 tq + e of the tile (accumulator element 2 h + e).
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if ((tile_no_key >> (8 * nt + 2 * tq + e)) & 1u) s[0][nt][e] = s[0][nt][2 + e] = neg_inf();
     }
     softmax.update(s, o, c);  // s now holds P
 
