@@ -15,24 +15,19 @@ OUT=${OUT:-/tmp/fa_stop41}; mkdir -p "$OUT"
 PL=FA_DECODE_PLAIN=1; LEAN=FA_DECODE_LEAN_ISSUE=1; AR=FA_DECODE_ACQ_REL=1
 C3=FA_DECODE_STAGES_D128=2,FA_DECODE_CTAS_D128=3; ALL=$PL,$LEAN,$AR
 L="$OUT/dec"; mkdir -p "$L"
-for heads in 32/1 32/8; do
-  for defs in "" "$PL" "$PL,$LEAN" "$PL,$LEAN,$C3"; do
-    stamp "$heads D = 128 page 16 [${defs:-default}]"
-    CUPY_FLASHATTN_SM90_DEFINES=$defs timeout 90 python3 tools/decode_ring_probe.py \
-      --rows 64:4096,16:16384,1:4096 --splits 0 --heads $heads --dim 128 --page 16 \
-      $([ -z "$defs" ] && [ "$heads" = 32/1 ] || echo --no-peer) 2>&1 | tee -a "$L/probe.txt" | grep "^\["
-  done
+for run in "32/1|" "32/1|$PL" "32/1|$PL,$LEAN" "32/1|$PL,$LEAN,$C3" "32/8|" "32/8|$PL,$LEAN"; do
+  heads=${run%%|*}; defs=${run#*|}
+  stamp "$heads D = 128 page 16 [${defs:-default}]"
+  CUPY_FLASHATTN_SM90_DEFINES=$defs timeout 90 python3 tools/decode_ring_probe.py \
+    --rows 64:4096,16:16384 --splits 0 --heads $heads --dim 128 --page 16 \
+    $([ "$run" = "32/1|" ] || echo --no-peer) 2>&1 | tee -a "$L/probe.txt" | grep "^\["
 done
-for rep in 1; do
-  for defs in "" "$PL,$LEAN" "$ALL"; do
-    stamp "B = 1 ctx 32768 29 / 16 splits, ctx 4096 auto [${defs:-default}] ($rep)"
-    for sp in 29 16; do
-      CUPY_FLASHATTN_SM90_DEFINES=$defs timeout 60 python3 tools/decode_timeline.py \
-        --rows 1:32768 --splits $sp 2>&1 | tee -a "$L/timeline.txt" | grep "^B="
-    done
-    CUPY_FLASHATTN_SM90_DEFINES=$defs timeout 60 python3 tools/decode_timeline.py \
-      --rows 1:4096 --splits 0 2>&1 | tee -a "$L/timeline.txt" | grep "^B="
-  done
+for defs in "" "$ALL"; do
+  stamp "B = 1 ctx 32768 16 splits, ctx 4096 auto [${defs:-default}]"
+  CUPY_FLASHATTN_SM90_DEFINES=$defs timeout 60 python3 tools/decode_timeline.py \
+    --rows 1:32768 --splits 16 2>&1 | tee -a "$L/timeline.txt" | grep "^B="
+  CUPY_FLASHATTN_SM90_DEFINES=$defs timeout 60 python3 tools/decode_timeline.py \
+    --rows 1:4096 --splits 0 2>&1 | tee -a "$L/timeline.txt" | grep "^B="
 done
 tar -C "$OUT" -czf "$OUT/dec_timing.tgz" dec
 for defs in "" "$ALL"; do
