@@ -112,9 +112,9 @@ SWITCHES = {
     "FA_DECODE_LEAN_ISSUE=1": lambda k: not k.kv and k.head_dim <= 256,  # the copy issue by row address
     "FA_DECODE_LEAN_ISSUE=1,FA_DECODE_STAGES_D128=2,FA_DECODE_CTAS_D128=3": lambda k: k.head_dim == 128,
     "FA_DECODE_STAGES_D128=2,FA_DECODE_CTAS_D128=3": lambda k: k.head_dim == 128,
-    # Stop 41's plain-logit path (16-bit K/V), alone and with the two switches above.  (With 3
-    # CTAs per SM as well it spills 28 bytes on sm_80 at D = 128: not a candidate there.)
-    "FA_DECODE_PLAIN=1": lambda k: not k.kv,
+    # Stop 41's plain-logit path, alone and with the two switches above.  (With 3 CTAs per SM
+    # as well it spills 28 bytes on sm_80 at D = 128: not a candidate there.)
+    "FA_DECODE_PLAIN=1": lambda k: True,
     "FA_DECODE_PLAIN=1,FA_DECODE_LEAN_ISSUE=1,FA_DECODE_ACQ_REL=1": lambda k: not k.kv and k.head_dim <= 256,
 }
 

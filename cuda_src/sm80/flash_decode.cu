@@ -200,8 +200,9 @@ __device__ __forceinline__ u32 lane_id() { return threadIdx.x & 31; }
 __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 // FA_DECODE_PLAIN (A/B switch): logits with no softcap and no ALiBi and a positive scale (a
 // CTA-uniform test; the common decode step) take the prefill kernel's plain path -- the scale
-// folded into the softmax's exp2 (LogitTransform<false>'s log2_scale) -- and a tile that every
-// row of the CTA sees whole, with no absent key, skips the mask.  Otherwise every tile pays the
+// folded into the softmax's exp2 (LogitTransform<false>'s log2_scale; float8 K/V: into S's row
+// factor) -- and, 16-bit K/V, a tile that every row of the CTA sees whole skips the mask.
+// Otherwise every tile pays the
 // scale, the ALiBi term (slope 0 when absent) and the mask: ~80 of the 725 instructions of a
 // 16-key tile (bf16 D = 128, ptxas 13 sm_90), and MQA decode is bound by instructions per key
 // (NOTES.md, stop 40).
@@ -733,25 +734,31 @@ __device__ void flash_decode(const DecodeParams& dp) {
     if (!row_ok) last[h] = -1;
     slope[h] = row_ok ? xform.slope(p, bidb, hk * g + pr % g) : 0.f;
   }
-  // FA_DECODE_PLAIN: the plain logit (see the switch), and the keys [free_lo, free_hi] that
-  // every row of the CTA sees (all warps hold the same 16 rows: a warp reduction suffices);
-  // padding rows (zero queries, never written) need no mask.
-  // (16-bit K/V only: the float8 D = 128 kernel, at 128 registers for 4 CTAs per SM, spilled
-  // 8-16 bytes with it; ptxas 13, sm_90.)
-  const bool plain = FA_DECODE_PLAIN && !kFp8 && p.softcap <= 0.f && p.alibi_slopes == nullptr &&
+  // FA_DECODE_PLAIN: the plain logit (see the switch).  16-bit K/V fold the scale into the
+  // softmax's exp2 (c); float8 K/V into S's row factor (s_factor, below: S is multiplied row by
+  // row anyway), with c = log2(e) as for transformed logits.  16-bit K/V also skip the mask on
+  // tiles inside [free_lo, free_hi], the keys every row of the CTA sees (all warps hold the
+  // same 16 rows: a warp reduction suffices; padding rows, zero queries never written, need no
+  // mask).  Float8 K/V mask every tile: the free range cost the float8 D = 128 kernel (128
+  // registers for 4 CTAs per SM) 8-16 bytes of spills (ptxas 13, sm_90).
+  const bool plain = FA_DECODE_PLAIN && p.softcap <= 0.f && p.alibi_slopes == nullptr &&
                      p.softmax_scale > 0.f && isfinite(p.softmax_scale);
-  const float c = plain ? p.softmax_scale * float(log2e_f64()) : xform.log2_scale;
-  int free_lo = 0, free_hi = 0x7fffffff;
+  const float c = plain && !kFp8 ? p.softmax_scale * float(log2e_f64()) : xform.log2_scale;
+  int free_lo = 1, free_hi = 0;  // float8: empty (every tile is masked)
+  if constexpr (!kFp8) {
+    free_lo = 0;
+    free_hi = 0x7fffffff;
 #pragma unroll
-  for (int h = 0; h < 2; ++h)
-    if (row0 + ra + 8 * h < rows_total) {
-      free_lo = imax(free_lo, first[h]);
-      free_hi = imin(free_hi, last[h]);
+    for (int h = 0; h < 2; ++h)
+      if (row0 + ra + 8 * h < rows_total) {
+        free_lo = imax(free_lo, first[h]);
+        free_hi = imin(free_hi, last[h]);
+      }
+#pragma unroll
+    for (int m = 16; m >= 1; m /= 2) {
+      free_lo = imax(free_lo, __shfl_xor_sync(0xffffffffu, free_lo, m));
+      free_hi = imin(free_hi, __shfl_xor_sync(0xffffffffu, free_hi, m));
     }
-#pragma unroll
-  for (int m = 16; m >= 1; m /= 2) {
-    free_lo = imax(free_lo, __shfl_xor_sync(0xffffffffu, free_lo, m));
-    free_hi = imin(free_hi, __shfl_xor_sync(0xffffffffu, free_hi, m));
   }
 
   float o[1][kDV / 8][4];
@@ -765,6 +772,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
   // S's factor per accumulator row (ra, ra + 8): the float8 key scale, and for bfloat16 queries
   // the power of two their float16 rows were scaled by.
   float s_factor[2] = {k_scale, k_scale};
+  if (kFp8 && plain) s_factor[0] = s_factor[1] = k_scale * p.softmax_scale;
   if constexpr (kFp8 && !Elem::kIsF16) {
     __shared__ float row_factor[kDecodeRows];
     q_bf16_to_f16_rows<kD, Sm::kQRowBytes>(q_smem, row_factor);
