@@ -90,6 +90,24 @@ def filled_paged_cache(rng, lens, num_blocks, P, Hk, D, dtype, xp):
     return cache, ids, keys, values
 
 
+def absent_page_table(rng, table, lens_k, page, num_pages, all_absent=2):
+    """A copy of ``table`` (a NumPy block table) with about a third of each sequence's used
+    pages replaced by ids outside ``[0, num_pages)`` (-1, num_pages, num_pages + 12345,
+    INT32_MIN, INT32_MAX: absent pages, whose keys are masked and never read), and every entry
+    of sequence ``all_absent`` absent."""
+    table = np.array(table, copy=True)
+    bad = np.array([-1, num_pages, num_pages + 12345, np.iinfo(np.int32).min,
+                    np.iinfo(np.int32).max], dtype=np.int64)  # fmt: skip
+    for b, lk in enumerate(lens_k):
+        if b == all_absent:
+            table[b, :] = bad[rng.integers(0, len(bad), table.shape[1])]
+        else:
+            nblk = -(-lk // page)
+            drop = rng.choice(nblk, size=max(1, nblk // 3), replace=False)
+            table[b, drop] = bad[rng.integers(0, len(bad), drop.size)]
+    return table.astype(np.int32)
+
+
 def to_np(a):
     return a.get() if hasattr(a, "get") else np.asarray(a)
 

@@ -18,7 +18,7 @@ from cupy_flashattn import rotary as rot  # noqa: E402
 from cupy_flashattn.problem import AttentionProblem  # noqa: E402
 from cupy_flashattn.reference import problem_ref  # noqa: E402
 
-from helpers import cu_seqlens  # noqa: E402
+from helpers import absent_page_table, cu_seqlens  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -200,7 +200,7 @@ def test_varlen_mixed_and_empty():
 @pytest.mark.parametrize("h,hk", [(8, 2), (32, 1)])
 @pytest.mark.parametrize("softcap,splits", [(0.0, 0), (0.0, 3), (30.0, 3)])
 def test_absent_pages(page, h, hk, softcap, splits):
-    """Block-table entries outside [0, num_pages) (-1, num_pages, INT_MIN, INT_MAX) inside a
+    """Block-table entries outside [0, num_pages) (helpers.absent_page_table) inside a
     sequence's length: their keys are absent -- masked, never read (paged.cuh) -- as in the
     prefill kernel and the CPU backend; a sequence whose every page is absent outputs 0 with
     LSE +inf.  The decode kernel zero-fills an absent key's row, so without the mask its logit
@@ -215,17 +215,9 @@ def test_absent_pages(page, h, hk, softcap, splits):
     lens_k = [300, 200, 70, 129]
     p = make_problem(rng, d=128, h=h, hk=hk, lens_q=[1, 1, 1, 1], lens_k=lens_k, page=page,
                      softcap=softcap, num_splits=splits)
-    table = cupy.asnumpy(p.block_table).copy()
     num_pages = p.k.shape[0]
-    bad = np.array([-1, num_pages, np.iinfo(np.int32).min, np.iinfo(np.int32).max], np.int64)
-    for b, lk in enumerate(lens_k):
-        nblk = -(-lk // page)
-        if b == 2:
-            table[b, :] = bad[rng.integers(0, len(bad), table.shape[1])]  # every page absent
-        else:
-            drop = rng.choice(nblk, size=max(1, nblk // 3), replace=False)
-            table[b, drop] = bad[rng.integers(0, len(bad), drop.size)]
-    p.block_table = cupy.asarray(table.astype(np.int32))
+    table = absent_page_table(rng, cupy.asnumpy(p.block_table), lens_k, page, num_pages)
+    p.block_table = cupy.asarray(table)
     assert _cuda.decode_applies(p)
     _cuda.run_attention(p)
     out = cupy.asnumpy(p.out).astype(np.float64)

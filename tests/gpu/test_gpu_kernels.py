@@ -17,7 +17,7 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 from cupy_flashattn.problem import AttentionProblem  # noqa: E402
 from cupy_flashattn.reference import problem_ref  # noqa: E402
 
-from helpers import cu_seqlens  # noqa: E402
+from helpers import absent_page_table, cu_seqlens  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -209,18 +209,9 @@ def test_absent_pages(page, d):
     h, hk = 4, 2
     lens_q, lens_k = [37, 64, 5, 1], [300, 200, 70, 129]
     p = make_problem(rng, dtype="bf16", d=d, h=h, hk=hk, lens_q=lens_q, lens_k=lens_k, page=page)
-    table = cupy.asnumpy(p.block_table).copy()
     num_pages = p.k.shape[0]
-    bad = np.array([-1, num_pages, num_pages + 12345, np.iinfo(np.int32).min, np.iinfo(np.int32).max],
-                   dtype=np.int64)  # fmt: skip
-    for b, lk in enumerate(lens_k):
-        nblk = -(-lk // page)
-        if b == 2:
-            table[b, :] = bad[rng.integers(0, len(bad), table.shape[1])]  # every page absent
-        else:
-            drop = rng.choice(nblk, size=max(1, nblk // 3), replace=False)
-            table[b, drop] = bad[rng.integers(0, len(bad), drop.size)]
-    p.block_table = cupy.asarray(table.astype(np.int32))
+    table = absent_page_table(rng, cupy.asnumpy(p.block_table), lens_k, page, num_pages)
+    p.block_table = cupy.asarray(table)
     q = cupy.asnumpy(p.q).astype(np.float32)
     k = cupy.asnumpy(p.k).astype(np.float32)
     v = cupy.asnumpy(p.v).astype(np.float32)
