@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Stop 41's device call, repo root, logs under $OUT (each part tarred as it finishes; a call cut
 # by its time limit still brings back what ran).
-#   1. (~2 min) decode, MQA 32/1 and GQA 32/8, D = 128, page 16: the default (now masking keys
-#      on absent pages) against FA_DECODE_PLAIN (no scale / ALiBi / mask work on whole plain
-#      tiles), + FA_DECODE_LEAN_ISSUE, + 3 CTAs per SM; B = 1 timelines with FA_DECODE_ACQ_REL.
+#   1. (~2.5 min) decode, MQA 32/1 and GQA 32/8, D = 128, page 16: the default (now masking
+#      keys on absent pages) against FA_DECODE_PLAIN (no scale / ALiBi / mask work on whole
+#      plain tiles), + FA_DECODE_LEAN_ISSUE, + 3 CTAs per SM; B = 1 timelines with
+#      FA_DECODE_ACQ_REL; B = 1's split count at ctx 32768.
 #   2. (~1.5 min) the decode GPU tests (with the new absent-page test) under the default and
 #      under PLAIN + LEAN + ACQ_REL.
 #   3. (~1 min) issue 12's paged D = 256 gap: page 256 against page 16 and dense with the
@@ -49,6 +50,11 @@ for defs in "" "$ALL"; do
   CUPY_FLASHATTN_SM90_DEFINES=$defs timeout 60 python3 tools/decode_timeline.py \
     --rows 1:4096 --splits 0 2>&1 | tee -a "$L/timeline.txt" | grep "^B="
 done
+# B = 1's split count (the wave rule picks 29 at ctx 32768; stop 40 measured 16 faster, stop 37
+# the reverse): the event time per forced count, default build, against cuDNN.
+stamp "B = 1 split sweep ctx 32768"
+timeout 90 python3 tools/decode_split_sweep.py --ctx 32768 --splits 0,16,20,24,29,32 2>&1 \
+  | tee -a "$L/split_sweep.txt" | tail -n 9
 tar -C "$OUT" -czf "$OUT/dec_timing.tgz" dec
 for defs in "" "$ALL"; do
   stamp "decode tests [${defs:-default}]"
