@@ -116,6 +116,9 @@ SWITCHES = {
     # as well it spills 28 bytes on sm_80 at D = 128: not a candidate there.)
     "FA_DECODE_PLAIN=1": lambda k: True,
     "FA_DECODE_PLAIN=1,FA_DECODE_LEAN_ISSUE=1,FA_DECODE_ACQ_REL=1": lambda k: not k.kv and k.head_dim <= 256,
+    # Whole paged tiles by TMA (sm_90 code; the entry points take the K / V maps on every arch).
+    "FA_DECODE_TMA=1": lambda k: True,
+    "FA_DECODE_TMA=1,FA_DECODE_PLAIN=1": lambda k: not k.kv and k.head_dim <= 256,
 }
 
 

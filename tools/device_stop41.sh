@@ -5,8 +5,8 @@
 #      keys on absent pages) against FA_DECODE_PLAIN (no scale / ALiBi / mask work on whole
 #      plain tiles), + FA_DECODE_LEAN_ISSUE, + 3 CTAs per SM; B = 1 timelines with
 #      FA_DECODE_ACQ_REL; B = 1's split count at ctx 32768.
-#   2. (~1.5 min) the decode GPU tests (with the new absent-page test) under the default and
-#      under PLAIN + LEAN + ACQ_REL.
+#   2. (~2 min) the decode GPU tests (with the new absent-page test) under the default, under
+#      PLAIN + LEAN + ACQ_REL, and under FA_DECODE_TMA + PLAIN.
 #   3. (~1 min) issue 12's paged D = 256 gap: page 256 against page 16 and dense with the
 #      columns interleaved over 7 rounds, in both column orders.
 #   4. (~2 min) memcheck and racecheck on the decode cases under PLAIN + LEAN + ACQ_REL.
@@ -15,18 +15,19 @@ OUT=${OUT:-/tmp/fa_stop41}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
 PL=FA_DECODE_PLAIN=1; LEAN=FA_DECODE_LEAN_ISSUE=1; AR=FA_DECODE_ACQ_REL=1
 C3=FA_DECODE_STAGES_D128=2,FA_DECODE_CTAS_D128=3; ALL=$PL,$LEAN,$AR
+TMA=FA_DECODE_TMA=1,$PL  # whole paged tiles by TMA, with the plain logits
 L="$OUT/dec"; mkdir -p "$L"
 DTESTS="tests/gpu/test_gpu_decode.py tests/test_decode_steps.py tests/gpu/test_gpu_fp8_decode.py"
 if [ "${MODE:-}" = min ]; then
   # ~2.5 min, for a call with little device time left: the decode tests under the default
-  # (the absent-page mask changed it), MQA with and without PLAIN + LEAN, the tests under ALL.
-  for defs in "" "$ALL"; do
+  # (the absent-page mask changed it), MQA with and without TMA + PLAIN, the tests under those.
+  for defs in "" "$TMA"; do
     stamp "decode tests [${defs:-default}]"
-    CUPY_FLASHATTN_SM90_DEFINES=$defs OUT="$L/tests_${defs:+all}" PRECOMPILE=0 N=4 PYTEST_TIMEOUT=120 \
+    CUPY_FLASHATTN_SM90_DEFINES=$defs OUT="$L/tests_${defs:+tma}" PRECOMPILE=0 N=4 PYTEST_TIMEOUT=120 \
       TESTS="$DTESTS" bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 6
-    tar -C "$OUT" -czf "$OUT/dec_tests_${defs:+all}.tgz" dec
+    tar -C "$OUT" -czf "$OUT/dec_tests_${defs:+tma}.tgz" dec
     [ -n "$defs" ] && break
-    for d2 in "" "$PL,$LEAN"; do
+    for d2 in "" "$TMA"; do
       stamp "32/1 D = 128 page 16 [${d2:-default}]"
       CUPY_FLASHATTN_SM90_DEFINES=$d2 timeout 60 python3 tools/decode_ring_probe.py \
         --rows 64:4096 --splits 0 --heads 32/1 --dim 128 --page 16 --no-peer 2>&1 \
@@ -36,7 +37,8 @@ if [ "${MODE:-}" = min ]; then
   stamp done
   exit 0
 fi
-for run in "32/1|" "32/1|$PL" "32/1|$PL,$LEAN" "32/1|$PL,$LEAN,$C3" "32/8|" "32/8|$PL,$LEAN"; do
+for run in "32/1|" "32/1|$PL" "32/1|$PL,$LEAN" "32/1|$PL,$LEAN,$C3" "32/1|$TMA" "32/8|" "32/8|$PL,$LEAN" \
+    "32/8|$TMA"; do
   heads=${run%%|*}; defs=${run#*|}
   stamp "$heads D = 128 page 16 [${defs:-default}]"
   CUPY_FLASHATTN_SM90_DEFINES=$defs timeout 90 python3 tools/decode_ring_probe.py \
@@ -56,9 +58,9 @@ stamp "B = 1 split sweep ctx 32768"
 timeout 90 python3 tools/decode_split_sweep.py --ctx 32768 --splits 0,16,20,24,29,32 2>&1 \
   | tee -a "$L/split_sweep.txt" | tail -n 9
 tar -C "$OUT" -czf "$OUT/dec_timing.tgz" dec
-for defs in "" "$ALL"; do
+for defs in "" "$ALL" "$TMA"; do
   stamp "decode tests [${defs:-default}]"
-  CUPY_FLASHATTN_SM90_DEFINES=$defs OUT="$L/tests_${defs:+all}" PRECOMPILE=0 N=4 PYTEST_TIMEOUT=150 \
+  CUPY_FLASHATTN_SM90_DEFINES=$defs OUT="$L/tests_$(echo "${defs:-default}" | tr -c 'A-Za-z0-9\n' _)" PRECOMPILE=0 N=4 PYTEST_TIMEOUT=150 \
     TESTS="$DTESTS" bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 6
 done
 tar -C "$OUT" -czf "$OUT/dec_tests.tgz" dec
@@ -69,8 +71,8 @@ for args in "--paged 16,256" "--paged 256,16"; do
     --archs sm90 --varlen --no-torch --rounds 7 $args 2>&1 | tee -a "$Q/quickbench.txt"
 done
 tar -C "$OUT" -czf "$OUT/qb.tgz" qb
-stamp "sanitizers (decode cases) under $ALL"
-CUPY_FLASHATTN_SM90_DEFINES=$ALL CASES_K=decode OUT="$L/san" TOOL_TIMEOUT=100 \
+stamp "sanitizers (decode cases) under $ALL,FA_DECODE_TMA=1"
+CUPY_FLASHATTN_SM90_DEFINES=$ALL,FA_DECODE_TMA=1 CASES_K=decode OUT="$L/san" TOOL_TIMEOUT=100 \
   bash tools/sanitize.sh memcheck racecheck 2>&1 | tail -n 4
 tar -C "$OUT" -czf "$OUT/dec_all.tgz" dec
 stamp done

@@ -73,6 +73,9 @@
 #include "../attn/mask.cuh"
 #include "../attn/softmax.cuh"
 #include "mma.cuh"
+#if FA_DECODE_TMA
+#include "../sm90/pipeline.cuh"
+#endif
 
 namespace fa {
 
@@ -93,6 +96,10 @@ struct DecodeParams {
   // FA_DECODE_FUSED_COMBINE: (B, gridDim.y, m_blocks) int32 counters, zero between launches
   // (the combining CTA resets its own), or null: the combine kernel merges the splits.
   int* split_counters;
+  // FA_DECODE_TMA builds (set by the entry point, not the host struct): the K / V maps of the
+  // launch's __grid_constant__ argument struct; used where paged == 2.
+  const void* k_map = nullptr;
+  const void* v_map = nullptr;
 };
 
 // Decode traits per head-dim bucket: kStages ring slots per warp.  Shared memory per CTA is
@@ -209,6 +216,19 @@ __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_re
 #ifndef FA_DECODE_PLAIN
 #define FA_DECODE_PLAIN 0
 #endif
+// FA_DECODE_TMA (A/B switch, prepared in stop 41, not yet device-run): on sm_90, 16-bit K/V,
+// paged with P a power of two >= 16 (the host passes paged = 2 and the K / V maps of the
+// prefill's paged geometry, box 64 columns x 16 rows): a whole 16-key tile lies in one page,
+// so one lane issues it as kD / 64 TMA boxes each of K and V (its page id: the tile's first
+// key's) completing an mbarrier per warp and ring slot, instead of every lane's 8 steps of
+// shuffles, address arithmetic and two cp.async (~165-200 of the ~677 instructions a tile
+// executes, bf16 D = 128; MQA decode is bound by instructions per key, NOTES.md stops 40-41).
+// The sequence's last tile (keys past len_k must read zeros) is gathered by cp.async as
+// before, into the same box layout (ring_offset kBoxes); an absent page is an out-of-bounds
+// page coordinate, which reads zeros, and is masked by the no_key bits like a gathered one.
+#ifndef FA_DECODE_TMA
+#define FA_DECODE_TMA 0
+#endif
 // FA_DECODE_TIMELINE (a probe switch, 0 by default: no code): thread 0 of each CTA stamps
 // %globaltimer (ns) at the phases of a decode step into fa_decode_timeline[cta][phase], which
 // tools/decode_timeline.py reads back -- where a B = 1 step's time goes (issue 16).  Phases:
@@ -240,10 +260,15 @@ __device__ __forceinline__ void timeline_stamp(int phase) {
 // chunk index XOR a row function that gives rows r0 .. r0 + 7 (r0 % 8 == 0) 8 different bank
 // groups for one logical chunk -- r % 8 for rows of >= 128 bytes; for 64-byte rows (float8
 // D = 64: two rows per 128 bytes), (r / 2) % 4, the rows' halves of a line doing the rest.
-template <int kRowBytes>
+// kBoxes (FA_DECODE_TMA builds, 16-bit K/V): the tile as the TMA copy engine writes it, one
+// (16 rows x 128 bytes) box per 64 columns with the same swizzle inside each box
+// (SWIZZLE_128B: chunk c ^ (row & 7)); the same banks per ldmatrix phase as the row layout.
+template <int kRowBytes, bool kBoxes = false>
 __device__ __forceinline__ u32 ring_offset(int r, int c) {
   constexpr int kChunks = kRowBytes / 16;
   static_assert(kChunks % 8 == 0 || kChunks == 4, "ring rows of 64 bytes or a multiple of 128");
+  if constexpr (kBoxes && kChunks >= 8)
+    return (c >> 3) * (kDecodeTileN * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
   const int x = kChunks >= 8 ? (r & 7) : ((r >> 1) & 3);
   return r * kRowBytes + ((c ^ x) << 4);
 }
@@ -535,8 +560,17 @@ __device__ void flash_decode(const DecodeParams& dp) {
   // kCtasPerSm CTAs (each with ~1 KB reserved and ~0.7 KB static) fit an sm_90 SM's 228 KB.
   static_assert(kCtasPerSm * (Sm::kBytes + 2048) <= 228 * 1024,
                 "decode: kMinBlocks / kMinBlocksFp8 CTAs do not fit one SM");
+  // FA_DECODE_TMA: whole paged tiles by TMA (see the switch); the ring in the box layout.
+#if FA_DECODE_TMA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr bool kTmaBuild = !kFp8 && kVSplits == 1 && kD <= 256;
+#else
+  constexpr bool kTmaBuild = false;
+#endif
+  constexpr bool kBox = kTmaBuild;
   const FwdParams& p = dp.f;
   extern __shared__ __align__(128) unsigned char smem[];  // 128: ring lines (DecodeSmem)
+  // One mbarrier per warp and ring slot (TMA tiles: FULL, one arrival plus the bytes).
+  __shared__ __align__(8) unsigned long long s_tile_full[kTmaBuild ? kDecodeWarps * kStages : 1];
   __shared__ float s_m[kDecodeWarps][kDecodeRows], s_l[kDecodeWarps][kDecodeRows];
   __shared__ float s_rowm[kDecodeRows], s_rowl[kDecodeRows];
 
@@ -589,6 +623,17 @@ __device__ void flash_decode(const DecodeParams& dp) {
   }
   const u32 q_smem = smem_u32(smem);
   const u32 ring = q_smem + Sm::kQBytes + warp * Sm::kWarpBytes;
+  const bool tma = kTmaBuild && dp.paged == 2;  // CTA-uniform
+  auto tile_full = [&](int slot) { return smem_u32(&s_tile_full[kTmaBuild ? warp * kStages + slot : 0]); };
+#if FA_DECODE_TMA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (tma && lane == 0) {
+#pragma unroll
+    for (int slot = 0; slot < kStages; ++slot) pipe::bar_init(tile_full(slot), 1);
+    // The copy engine (async proxy) completes these barriers: make their init visible to it.
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncwarp();
+#endif
 
   // ---- Prologue 1: Q rows (packed) -> smem, zero-filled past the rows / head dim. ----------
   for (int idx = tidx; idx < kDecodeRows * kChunks; idx += kDecodeThreads) {
@@ -646,8 +691,8 @@ __device__ void flash_decode(const DecodeParams& dp) {
         const i64 o = __shfl_sync(0xffffffffu, off, r);
         const bool ok = o >= 0 && c * 16 < hd;  // hd % 16 == 0 (the host's rule): whole chunks
         const i64 e = ok ? o + kv_head_off + c * 16 : 0;
-        cp_async_16(kdst + ring_offset<Sm::kRowBytesK>(r, c), kb + e, ok);
-        cp_async_16(vdst + ring_offset<Sm::kRowBytesV>(r, c), vb + e, ok);
+        cp_async_16(kdst + ring_offset<Sm::kRowBytesK, kBox>(r, c), kb + e, ok);
+        cp_async_16(vdst + ring_offset<Sm::kRowBytesV, kBox>(r, c), vb + e, ok);
       }
     } else if constexpr (kVSplits == 1 && FA_DECODE_LEAN_ISSUE) {
       // The key row's K address, made once by the lane that resolved the key (null: no key),
@@ -662,8 +707,8 @@ __device__ void flash_decode(const DecodeParams& dp) {
             __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(row), r));
         const bool ok = col_ok && key != nullptr;
         const char* src = ok ? key : k_head_bytes;  // never read when !ok (src-size 0)
-        cp_async_16(kdst + ring_offset<Sm::kRowBytesK>(r, lane_col), src + lane_col_bytes, ok);
-        cp_async_16(vdst + ring_offset<Sm::kRowBytesV>(r, lane_col), src + v_from_k, ok);
+        cp_async_16(kdst + ring_offset<Sm::kRowBytesK, kBox>(r, lane_col), src + lane_col_bytes, ok);
+        cp_async_16(vdst + ring_offset<Sm::kRowBytesV, kBox>(r, lane_col), src + v_from_k, ok);
       }
     } else if constexpr (kVSplits == 1) {  // K and V rows alike: one address per chunk for both
 #pragma unroll
@@ -672,8 +717,8 @@ __device__ void flash_decode(const DecodeParams& dp) {
         const i64 o = __shfl_sync(0xffffffffu, off, r);
         const bool ok = o >= 0 && c * 8 < hd;
         const i64 e = ok ? o + kv_head_off + c * 8 : 0;
-        cp_async_16(kdst + ring_offset<Sm::kRowBytesK>(r, c), p.k + e, ok);
-        cp_async_16(vdst + ring_offset<Sm::kRowBytesV>(r, c), p.v + e, ok);
+        cp_async_16(kdst + ring_offset<Sm::kRowBytesK, kBox>(r, c), p.k + e, ok);
+        cp_async_16(vdst + ring_offset<Sm::kRowBytesV, kBox>(r, c), p.v + e, ok);
       }
     } else {  // K: whole rows; V: this CTA's kDV columns from v_col0
       // Unrolled by 4, not fully: 32 + 16 unrolled copies (D = 512) held their addresses at
@@ -683,7 +728,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
         const int idx = lane + 32 * i, r = idx / kChunks, c = idx % kChunks;
         const i64 o = __shfl_sync(0xffffffffu, off, r);
         const bool ok = o >= 0 && c * 8 < hd;
-        cp_async_16(kdst + ring_offset<Sm::kRowBytesK>(r, c), p.k + (ok ? o + kv_head_off + c * 8 : 0), ok);
+        cp_async_16(kdst + ring_offset<Sm::kRowBytesK, kBox>(r, c), p.k + (ok ? o + kv_head_off + c * 8 : 0), ok);
       }
 #pragma unroll 4
       for (int i = 0; i < kChunksV / 2; ++i) {
@@ -691,11 +736,38 @@ __device__ void flash_decode(const DecodeParams& dp) {
         const i64 o = __shfl_sync(0xffffffffu, off, r);
         const bool ok = o >= 0 && c * 8 < hd_v;
         const i64 e = ok ? o + kv_head_off + v_col0 + c * 8 : 0;
-        cp_async_16(vdst + ring_offset<Sm::kRowBytesV>(r, c), p.v + e, ok);
+        cp_async_16(vdst + ring_offset<Sm::kRowBytesV, kBox>(r, c), p.v + e, ok);
       }
     }
   };
   auto tile_of = [&](int j) { return t_begin + warp + j * kDecodeWarps; };
+  // Whether tile t comes by TMA: a TMA plan, and every key of the tile is in the sequence (the
+  // last tile is gathered: zeros past len_k).  Only a warp's last tile can fail the second
+  // test, so each slot's barrier completes once per earlier use: use k waits parity k & 1.
+  auto by_tma = [&](int t) { return tma && (t + 1) * kDecodeTileN <= len_k; };
+  // Issue tile t (key `key`: this lane's; lane 0 holds the tile's first key and its page id)
+  // into ring slot `slot`: by TMA (lane 0) or by every lane's cp.async (offset `off`).
+  auto issue_tile = [&](int slot, int t, const KeyRef& key, i64 off) {
+#if FA_DECODE_TMA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (by_tma(t)) {
+      if (lane == 0) {
+        const u32 kdst = ring + slot * Sm::kStageBytes, vdst = kdst + Sm::kRingTileBytes;
+        const u32 bar = tile_full(slot);
+        pipe::bar_arrive_expect_tx(bar, 2 * Sm::kRingTileBytes);
+        const int row = (t * kDecodeTileN) & (p.page_size - 1);  // P a power of two >= 16
+        const auto* kmap = static_cast<const pipe::TmaDesc*>(dp.k_map);
+        const auto* vmap = static_cast<const pipe::TmaDesc*>(dp.v_map);
+#pragma unroll
+        for (int b = 0; b < kD / 64; ++b) {
+          pipe::tma_load_4d(kdst + b * kDecodeTileN * 128, kmap, 64 * b, hk, row, key.id, bar);
+          pipe::tma_load_4d(vdst + b * kDecodeTileN * 128, vmap, 64 * b, hk, row, key.id, bar);
+        }
+      }
+      return;
+    }
+#endif
+    issue(slot, off);
+  };
 
   // ---- Prologue 2: the first kStages - 1 tiles of this warp in flight. ---------------------
   // The page ids of the first kStages tiles loaded together (one table round trip, not one per
@@ -712,7 +784,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
 #pragma unroll
   for (int j = 0; j < kStages - 1; ++j) {
     const i64 off = key_offset(first_keys[j]);
-    if (j < n_mine) issue(j, off);
+    if (j < n_mine) issue_tile(j, tile_of(j), first_keys[j], off);
     cp_async_commit();  // always commit: group counting stays uniform
     no_key[j] = __ballot_sync(0xffffffffu, off < 0) & 0xffffu;
   }
@@ -796,7 +868,8 @@ __device__ void flash_decode(const DecodeParams& dp) {
     // Refill the slot freed by tile j - 1 with tile j + kStages - 1 (its page ids were loaded
     // one iteration ago), then load the next tile's page ids while tile j computes.
     const i64 next_off = key_offset(next_key);
-    if (j + kStages - 1 < n_mine) issue((j + kStages - 1) % kStages, next_off);
+    if (j + kStages - 1 < n_mine)
+      issue_tile((j + kStages - 1) % kStages, tile_of(j + kStages - 1), next_key, next_off);
     cp_async_commit();
     next_key = key_ref(tile_of(j + kStages));
     const unsigned tile_no_key = no_key[0];  // tile j's
@@ -805,11 +878,14 @@ __device__ void flash_decode(const DecodeParams& dp) {
     no_key[kStages - 2] = __ballot_sync(0xffffffffu, next_off < 0) & 0xffffu;
     cp_async_wait<kStages - 1>();  // tile j has landed (this lane's copies) ...
     __syncwarp();                  // ... and every lane's copies are visible to the warp
+    const int t = tile_of(j);
+#if FA_DECODE_TMA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (by_tma(t)) pipe::bar_wait(tile_full(j % kStages), (j / kStages) & 1);  // (or its boxes)
+#endif
 #if FA_DECODE_TIMELINE
     if (j == 0) FA_DECODE_STAMP(2);
 #endif
     const u32 ks = ring + (j % kStages) * Sm::kStageBytes, vs = ks + Sm::kRingTileBytes;
-    const int t = tile_of(j);
 
     // S = Q K^T (16 rows x 16 keys: n-tile 0 keys 0-7, 1 keys 8-15); k-steps past the head dim
     // are skipped (uniform branch).
@@ -822,7 +898,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
       for (int kk2 = 0; kk2 < kD / 32; ++kk2) {
         if (kk2 * 32 < hd) {
           u32 kb[4];
-          ldmatrix_x4(kb, ks + ring_offset<Sm::kRowBytesK>(lr8, 2 * kk2 + lhi));
+          ldmatrix_x4(kb, ks + ring_offset<Sm::kRowBytesK, kBox>(lr8, 2 * kk2 + lhi));
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int kk = 2 * kk2 + half;
@@ -842,7 +918,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
         if (kk * 16 < hd) {
           u32 qa[4], kb[4];
           ldmatrix_x4(qa, q_smem + lrow_q + kk * 32);
-          ldmatrix_x4(kb, ks + ring_offset<Sm::kRowBytesK>(lr, 2 * kk + lhi));
+          ldmatrix_x4(kb, ks + ring_offset<Sm::kRowBytesK, kBox>(lr, 2 * kk + lhi));
           Mma::mma(s[0][0], qa, kb[0], kb[2]);  // keys 0-7
           Mma::mma(s[0][1], qa, kb[1], kb[3]);  // keys 8-15
         }
@@ -888,7 +964,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
       for (int dd2 = 0; dd2 < kDV / 32; ++dd2) {
         if (dd2 * 32 < hd_v) {
           u32 vb[4];
-          ldmatrix_x4_trans(vb, vs + ring_offset<Sm::kRowBytesV>(lr8, 2 * dd2 + lhi));
+          ldmatrix_x4_trans(vb, vs + ring_offset<Sm::kRowBytesV, kBox>(lr8, 2 * dd2 + lhi));
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int b = 2 * dd2 + half;  // 16-column block
@@ -906,7 +982,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
       for (int dd = 0; dd < kDV / 16; ++dd) {
         if (dd * 16 < hd_v) {
           u32 vb[4];
-          ldmatrix_x4_trans(vb, vs + ring_offset<Sm::kRowBytesV>(lr, 2 * dd + lhi));
+          ldmatrix_x4_trans(vb, vs + ring_offset<Sm::kRowBytesV, kBox>(lr, 2 * dd + lhi));
           Mma::mma(o[0][2 * dd], pa, vb[0], vb[1]);
           Mma::mma(o[0][2 * dd + 1], pa, vb[2], vb[3]);
         }
