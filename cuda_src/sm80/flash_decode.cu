@@ -784,7 +784,12 @@ __device__ void flash_decode(const DecodeParams& dp) {
 #pragma unroll
   for (int j = 0; j < kStages - 1; ++j) {
     const i64 off = key_offset(first_keys[j]);
-    if (j < n_mine) issue_tile(j, tile_of(j), first_keys[j], off);
+    if (j < n_mine) {
+      // (issue_tile in every build cost the default bf16 D = 128 kernel 153 -> 246 registers,
+      // ptxas 13 sm_90: the plain call keeps its machine code.)
+      if constexpr (kTmaBuild) issue_tile(j, tile_of(j), first_keys[j], off);
+      else issue(j, off);
+    }
     cp_async_commit();  // always commit: group counting stays uniform
     no_key[j] = __ballot_sync(0xffffffffu, off < 0) & 0xffffu;
   }
@@ -868,8 +873,10 @@ __device__ void flash_decode(const DecodeParams& dp) {
     // Refill the slot freed by tile j - 1 with tile j + kStages - 1 (its page ids were loaded
     // one iteration ago), then load the next tile's page ids while tile j computes.
     const i64 next_off = key_offset(next_key);
-    if (j + kStages - 1 < n_mine)
-      issue_tile((j + kStages - 1) % kStages, tile_of(j + kStages - 1), next_key, next_off);
+    if (j + kStages - 1 < n_mine) {
+      if constexpr (kTmaBuild) issue_tile((j + kStages - 1) % kStages, tile_of(j + kStages - 1), next_key, next_off);
+      else issue((j + kStages - 1) % kStages, next_off);
+    }
     cp_async_commit();
     next_key = key_ref(tile_of(j + kStages));
     const unsigned tile_no_key = no_key[0];  // tile j's
