@@ -691,8 +691,8 @@ __device__ void flash_decode(const DecodeParams& dp) {
         const i64 o = __shfl_sync(0xffffffffu, off, r);
         const bool ok = o >= 0 && c * 16 < hd;  // hd % 16 == 0 (the host's rule): whole chunks
         const i64 e = ok ? o + kv_head_off + c * 16 : 0;
-        cp_async_16(kdst + ring_offset<Sm::kRowBytesK, kBox>(r, c), kb + e, ok);
-        cp_async_16(vdst + ring_offset<Sm::kRowBytesV, kBox>(r, c), vb + e, ok);
+        cp_async_16(kdst + ring_offset<Sm::kRowBytesK>(r, c), kb + e, ok);  // float8: never boxes
+        cp_async_16(vdst + ring_offset<Sm::kRowBytesV>(r, c), vb + e, ok);
       }
     } else if constexpr (kVSplits == 1 && FA_DECODE_LEAN_ISSUE) {
       // The key row's K address, made once by the lane that resolved the key (null: no key),
@@ -905,7 +905,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
       for (int kk2 = 0; kk2 < kD / 32; ++kk2) {
         if (kk2 * 32 < hd) {
           u32 kb[4];
-          ldmatrix_x4(kb, ks + ring_offset<Sm::kRowBytesK, kBox>(lr8, 2 * kk2 + lhi));
+          ldmatrix_x4(kb, ks + ring_offset<Sm::kRowBytesK>(lr8, 2 * kk2 + lhi));
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int kk = 2 * kk2 + half;
@@ -971,7 +971,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
       for (int dd2 = 0; dd2 < kDV / 32; ++dd2) {
         if (dd2 * 32 < hd_v) {
           u32 vb[4];
-          ldmatrix_x4_trans(vb, vs + ring_offset<Sm::kRowBytesV, kBox>(lr8, 2 * dd2 + lhi));
+          ldmatrix_x4_trans(vb, vs + ring_offset<Sm::kRowBytesV>(lr8, 2 * dd2 + lhi));
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int b = 2 * dd2 + half;  // 16-column block
