@@ -68,6 +68,19 @@
 #ifndef FA_DECODE_FUSED_COMBINE
 #define FA_DECODE_FUSED_COMBINE 1
 #endif
+// FA_DECODE_TMA (A/B switch, prepared in stop 41, not yet device-run): on sm_90, 16-bit K/V,
+// paged with P a power of two >= 16 (the host passes paged = 2 and the K / V maps of the
+// prefill's paged geometry, box 64 columns x 16 rows): a whole 16-key tile lies in one page,
+// so one lane issues it as kD / 64 TMA boxes each of K and V (its page id: the tile's first
+// key's) completing an mbarrier per warp and ring slot, instead of every lane's 8 steps of
+// shuffles, address arithmetic and two cp.async (~165-200 of the ~677 instructions a tile
+// executes, bf16 D = 128; MQA decode is bound by instructions per key, NOTES.md stops 40-41).
+// The sequence's last tile (keys past len_k must read zeros) is gathered by cp.async as
+// before, into the same box layout (ring_offset kBoxes); an absent page is an out-of-bounds
+// page coordinate, which reads zeros, and is masked by the no_key bits like a gathered one.
+#ifndef FA_DECODE_TMA
+#define FA_DECODE_TMA 0
+#endif
 #include "../attn/block_info.cuh"
 #include "../attn/fp8.cuh"
 #include "../attn/mask.cuh"
@@ -180,7 +193,14 @@ struct DecodeSmem {
   static constexpr int kMergeRow = kDV + 8;  // floats per row of the cross-warp merge buffer
   static constexpr int kMergeBytes = kDecodeWarps * kDecodeRows * kMergeRow * 4;
   static constexpr int kRingBytes = kDecodeWarps * kWarpBytes;
-  static constexpr int kBytes = kQBytes + (kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes);
+  // FA_DECODE_TMA builds, 16-bit K/V: 1024 bytes more, so that the kernel can start the ring on
+  // a 1024-byte boundary (the dynamic shared memory base is only 16-byte aligned, and the copy
+  // engine's 128-byte swizzle XORs a chunk by address bits 7-9, which equal the box row there
+  // only: the prefill's kSmemRest does the same).
+  static constexpr int kTmaAlign = (FA_DECODE_TMA && kKvBytes == 2 && DecodeTraits<kD>::kVSplits == 1) ? 1024 : 0;
+  static constexpr int kBytes = kQBytes + kTmaAlign + (kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes);
+  static_assert(kTmaAlign == 0 || (kRingTileBytes % 1024 == 0 && kRingTileBytesV % 1024 == 0),
+                "TMA boxes (16 rows x 128 bytes, 2 KB) start on 1024-byte boundaries");
 };
 
 __device__ __forceinline__ u32 lane_id() { return threadIdx.x & 31; }
@@ -215,19 +235,6 @@ __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_re
 // (NOTES.md, stop 40).
 #ifndef FA_DECODE_PLAIN
 #define FA_DECODE_PLAIN 0
-#endif
-// FA_DECODE_TMA (A/B switch, prepared in stop 41, not yet device-run): on sm_90, 16-bit K/V,
-// paged with P a power of two >= 16 (the host passes paged = 2 and the K / V maps of the
-// prefill's paged geometry, box 64 columns x 16 rows): a whole 16-key tile lies in one page,
-// so one lane issues it as kD / 64 TMA boxes each of K and V (its page id: the tile's first
-// key's) completing an mbarrier per warp and ring slot, instead of every lane's 8 steps of
-// shuffles, address arithmetic and two cp.async (~165-200 of the ~677 instructions a tile
-// executes, bf16 D = 128; MQA decode is bound by instructions per key, NOTES.md stops 40-41).
-// The sequence's last tile (keys past len_k must read zeros) is gathered by cp.async as
-// before, into the same box layout (ring_offset kBoxes); an absent page is an out-of-bounds
-// page coordinate, which reads zeros, and is masked by the no_key bits like a gathered one.
-#ifndef FA_DECODE_TMA
-#define FA_DECODE_TMA 0
 #endif
 // FA_DECODE_TIMELINE (a probe switch, 0 by default: no code): thread 0 of each CTA stamps
 // %globaltimer (ns) at the phases of a decode step into fa_decode_timeline[cta][phase], which
@@ -622,7 +629,9 @@ __device__ void flash_decode(const DecodeParams& dp) {
     v_scale = (dp.v_scale != nullptr ? dp.v_scale[hk] : 1.f) * Kv::kF16Scale;
   }
   const u32 q_smem = smem_u32(smem);
-  const u32 ring = q_smem + Sm::kQBytes + warp * Sm::kWarpBytes;
+  // TMA builds: the rings from the first 1024-byte boundary after Q (DecodeSmem::kTmaAlign).
+  const u32 ring_base = kTmaBuild ? (q_smem + Sm::kQBytes + 1023u) & ~1023u : q_smem + Sm::kQBytes;
+  const u32 ring = ring_base + warp * Sm::kWarpBytes;
   const bool tma = kTmaBuild && dp.paged == 2;  // CTA-uniform
   auto tile_full = [&](int slot) { return smem_u32(&s_tile_full[kTmaBuild ? warp * kStages + slot : 0]); };
 #if FA_DECODE_TMA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
