@@ -268,8 +268,9 @@ def precompile_decode(dtypes=("f16", "bf16"), buckets=DECODE_BUCKETS) -> list:
     names = []
     for dt in dtypes:
         for b in buckets:
-            _decode_kernel(DecodeKey(dt, b))
-            names.append(DecodeKey(dt, b).name)
+            key = DecodeKey(dt, b)
+            _decode_kernel(key)
+            names.append(key.name)
     _combine_kernel()
     _rope_kernel()
     return names + [COMBINE_NAME, ROPE_NAME]
@@ -397,35 +398,33 @@ def decode_grid(problem: AttentionProblem, m_blocks: int, splits: int, v_splits:
     return (splits * m_blocks, problem.num_heads_k * v_splits, int(problem.batch_size))
 
 
+def _switch(name: str, default: bool) -> bool:
+    """A decode tuning switch as $CUPY_FLASHATTN_SM90_DEFINES sets it (``NAME=0`` off, any other
+    value on; the last setting wins, as with the #defines decode_source writes), else
+    ``default``."""
+    from .compile import _tuning_defines
+
+    on = default
+    for define in _tuning_defines():
+        n, _, value = define[2:].partition("=")
+        if n.strip() == name:
+            on = value.strip() != "0"
+    return on
+
+
 def _fused_combine_built() -> bool:
     """Whether the decode kernels are built with flash_decode.cu's FA_DECODE_FUSED_COMBINE: on
     by default (an H100 run, 2026-12-06: a B = 1 split decode step took 28.8 us instead of
     38.2 us with the combine kernel at context 4096, 79.9 vs 101.4 us at 32768), off only where
-    $CUPY_FLASHATTN_SM90_DEFINES sets it to 0 (the A/B baseline; the last setting wins, as
-    with the #defines decode_source writes)."""
-    from .compile import _tuning_defines
-
-    built = True
-    for define in _tuning_defines():
-        name, _, value = define[2:].partition("=")
-        if name.strip() == "FA_DECODE_FUSED_COMBINE":
-            built = value.strip() != "0"
-    return built
+    $CUPY_FLASHATTN_SM90_DEFINES sets it to 0 (the A/B baseline)."""
+    return _switch("FA_DECODE_FUSED_COMBINE", True)
 
 
 def decode_tma_built() -> bool:
     """Whether the decode kernels are built with flash_decode.cu's FA_DECODE_TMA (whole paged
-    tiles by TMA on sm_90; prepared in stop 41, off unless $CUPY_FLASHATTN_SM90_DEFINES sets it
-    to 1, the last setting winning).  Such a build's entry points take
-    :data:`DECODE_TMA_ARGS`."""
-    from .compile import _tuning_defines
-
-    built = False
-    for define in _tuning_defines():
-        name, _, value = define[2:].partition("=")
-        if name.strip() == "FA_DECODE_TMA":
-            built = value.strip() not in ("", "0")
-    return built
+    tiles by TMA on sm_90; prepared in stop 41, off unless $CUPY_FLASHATTN_SM90_DEFINES turns
+    it on).  Such a build's entry points take :data:`DECODE_TMA_ARGS`."""
+    return _switch("FA_DECODE_TMA", False)
 
 
 def _device_cc() -> int:
