@@ -959,12 +959,10 @@ __device__ void flash_decode(const DecodeParams& dp) {
     if (!plain || key0 < free_lo || key0 + kDecodeTileN - 1 > free_hi)
       mask_fragment(s, [&](int, int h, int& lo, int& hi) { lo = first[h]; hi = last[h]; }, col0, 0u);
     if (tile_no_key != 0u) {
-      // This lane's columns: keys 8 nt + 2 tq + e of the tile (accumulator element 2 h + e).
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-          if ((tile_no_key >> (8 * nt + 2 * tq + e)) & 1u) s[0][nt][e] = s[0][nt][2 + e] = neg_inf();
+      // mask.cuh's absent-key bits (2 nt + e: this lane's keys 8 nt + 2 tq + e), every row's
+      // range unbounded: only those columns change.
+      mask_fragment(s, [](int, int, int& lo, int& hi) { lo = 0; hi = 0x7fffffff; }, col0,
+                    ((tile_no_key >> (2 * tq)) & 3u) | (((tile_no_key >> (8 + 2 * tq)) & 3u) << 2));
     }
     softmax.update(s, o, c);  // s now holds P
 
