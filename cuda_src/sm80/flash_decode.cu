@@ -73,7 +73,7 @@
 // prefill's paged geometry, box 64 columns x 16 rows): a whole 16-key tile lies in one page,
 // so one lane issues it as kD / 64 TMA boxes each of K and V (its page id: the tile's first
 // key's) completing an mbarrier per warp and ring slot, instead of every lane's 8 steps of
-// shuffles, address arithmetic and two cp.async (~165-200 of the ~677 instructions a tile
+// shuffles, address arithmetic and two cp.async (~165-200 of the ~687 instructions a tile
 // executes, bf16 D = 128; MQA decode is bound by instructions per key, NOTES.md stops 40-41).
 // The sequence's last tile (keys past len_k must read zeros) is gathered by cp.async as
 // before, into the same box layout (ring_offset kBoxes); an absent page is an out-of-bounds
