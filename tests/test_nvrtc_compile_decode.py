@@ -103,22 +103,13 @@ def test_decode_args_extend_the_prefill_params():
 #: default since an H100 run verified it), builds the kernels without it.
 SWITCHES = {
     "FA_DECODE_FUSED_COMBINE=0": lambda k: True,  # the combine kernel merges every split
-    # The sweep switches of benchmarks/NOTES.md (stops 37-40), for the device's A/B runs: the
+    # The sweep switch of benchmarks/NOTES.md (stops 37-40) for the device's A/B runs: the
     # former 3 float8 CTAs per SM at D = 128 and 1 at D = 256 (D = 64 at 5 spills, so it is left
-    # out), the 2-stage D = 128 ring, and stop 40's two prepared switches.
+    # out).  (The 2-stage, 3-CTA 16-bit D = 128 ring, FA_DECODE_STAGES_D128=2,FA_DECODE_CTAS_D128=3,
+    # is not listed: slower on MQA in stop 42, 69.7 against 67.0 us, and with the plain-logit
+    # path, now the default, it spills 28 bytes on sm_80.)
     "FA_DECODE_FP8_CTAS_D128=3,FA_DECODE_FP8_CTAS_D256=1":
         lambda k: bool(k.kv) and k.head_dim in (128, 256),
-    "FA_DECODE_ACQ_REL=1": lambda k: k.head_dim == 128,  # the merge handshake's fences
-    "FA_DECODE_LEAN_ISSUE=1": lambda k: not k.kv and k.head_dim <= 256,  # the copy issue by row address
-    "FA_DECODE_LEAN_ISSUE=1,FA_DECODE_STAGES_D128=2,FA_DECODE_CTAS_D128=3": lambda k: k.head_dim == 128,
-    "FA_DECODE_STAGES_D128=2,FA_DECODE_CTAS_D128=3": lambda k: k.head_dim == 128,
-    # Stop 41's plain-logit path, alone and with the two switches above.  (With 3 CTAs per SM
-    # as well it spills 28 bytes on sm_80 at D = 128: not a candidate there.)
-    "FA_DECODE_PLAIN=1": lambda k: True,
-    "FA_DECODE_PLAIN=1,FA_DECODE_LEAN_ISSUE=1,FA_DECODE_ACQ_REL=1": lambda k: not k.kv and k.head_dim <= 256,
-    # Whole paged tiles by TMA (sm_90 code; the entry points take the K / V maps on every arch).
-    "FA_DECODE_TMA=1": lambda k: True,
-    "FA_DECODE_TMA=1,FA_DECODE_PLAIN=1": lambda k: not k.kv and k.head_dim <= 256,
 }
 
 

@@ -68,27 +68,11 @@
 #ifndef FA_DECODE_FUSED_COMBINE
 #define FA_DECODE_FUSED_COMBINE 1
 #endif
-// FA_DECODE_TMA (A/B switch, prepared in stop 41, not yet device-run): on sm_90, 16-bit K/V,
-// paged with P a power of two >= 16 (the host passes paged = 2 and the K / V maps of the
-// prefill's paged geometry, box 64 columns x 16 rows): a whole 16-key tile lies in one page,
-// so one lane issues it as kD / 64 TMA boxes each of K and V (its page id: the tile's first
-// key's) completing an mbarrier per warp and ring slot, instead of every lane's 8 steps of
-// shuffles, address arithmetic and two cp.async (~165-200 of the ~687 instructions a tile
-// executes, bf16 D = 128; MQA decode is bound by instructions per key, NOTES.md stops 40-41).
-// The sequence's last tile (keys past len_k must read zeros) is gathered by cp.async as
-// before, into the same box layout (ring_offset kBoxes); an absent page is an out-of-bounds
-// page coordinate, which reads zeros, and is masked by the no_key bits like a gathered one.
-#ifndef FA_DECODE_TMA
-#define FA_DECODE_TMA 0
-#endif
 #include "../attn/block_info.cuh"
 #include "../attn/fp8.cuh"
 #include "../attn/mask.cuh"
 #include "../attn/softmax.cuh"
 #include "mma.cuh"
-#if FA_DECODE_TMA
-#include "../sm90/pipeline.cuh"
-#endif
 
 namespace fa {
 
@@ -109,10 +93,6 @@ struct DecodeParams {
   // FA_DECODE_FUSED_COMBINE: (B, gridDim.y, m_blocks) int32 counters, zero between launches
   // (the combining CTA resets its own), or null: the combine kernel merges the splits.
   int* split_counters;
-  // FA_DECODE_TMA builds (set by the entry point, not the host struct): the K / V maps of the
-  // launch's __grid_constant__ argument struct; used where paged == 2.
-  const void* k_map = nullptr;
-  const void* v_map = nullptr;
 };
 
 // Decode traits per head-dim bucket: kStages ring slots per warp.  Shared memory per CTA is
@@ -193,49 +173,12 @@ struct DecodeSmem {
   static constexpr int kMergeRow = kDV + 8;  // floats per row of the cross-warp merge buffer
   static constexpr int kMergeBytes = kDecodeWarps * kDecodeRows * kMergeRow * 4;
   static constexpr int kRingBytes = kDecodeWarps * kWarpBytes;
-  // FA_DECODE_TMA builds, 16-bit K/V: 1024 bytes more, so that the kernel can start the ring on
-  // a 1024-byte boundary (the dynamic shared memory base is only 16-byte aligned, and the copy
-  // engine's 128-byte swizzle XORs a chunk by address bits 7-9, which equal the box row there
-  // only: the prefill's kSmemRest does the same).
-  static constexpr int kTmaAlign = (FA_DECODE_TMA && kKvBytes == 2 && DecodeTraits<kD>::kVSplits == 1) ? 1024 : 0;
-  static constexpr int kBytes = kQBytes + kTmaAlign + (kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes);
-  static_assert(kTmaAlign == 0 || (kRingTileBytes % 1024 == 0 && kRingTileBytesV % 1024 == 0),
-                "TMA boxes (16 rows x 128 bytes, 2 KB) start on 1024-byte boundaries");
+  static constexpr int kBytes = kQBytes + (kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes);
 };
 
 __device__ __forceinline__ u32 lane_id() { return threadIdx.x & 31; }
 
-// FA_DECODE_LEAN_ISSUE (A/B switch, 16-bit K/V, head dims 64 / 128 / 256): a tile's copy
-// issue shuffles each key row's K address (made once, by the lane that resolved the key)
-// instead of its element offset, and each lane adds its own column, fixed for the CTA (a lane
-// keeps one 16-byte column: kChunks divides 32): a step is 2 SHFL, a test, a select and two
-// 64-bit adds besides its two cp.async.  The default spends ~200 of the 725 instructions of a
-// 16-key tile (bf16 D = 128, ptxas 13 sm_90) in the issue, and MQA decode is bound by
-// instructions per key (NOTES.md, stop 40).
-#ifndef FA_DECODE_LEAN_ISSUE
-#define FA_DECODE_LEAN_ISSUE 0
-#endif
-// FA_DECODE_ACQ_REL (A/B switch): the fused merge's handshake by acquire / release fences
-// (fence.acq_rel.gpu: each thread before the CTA barrier that precedes the split count, and
-// the last CTA's thread 0 after the count, before the barrier that releases the merge) instead
-// of __threadfence (fence.sc.gpu) in every thread on both sides.  B = 1 ctx 32768 spends 0.7
-// us from the stored partials to the answered count and 2.6-4.0 us in the merge (H100, stop
-// 40), whose first instruction was the reader's fence.
-#ifndef FA_DECODE_ACQ_REL
-#define FA_DECODE_ACQ_REL 0
-#endif
 __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
-// FA_DECODE_PLAIN (A/B switch): logits with no softcap and no ALiBi and a positive scale (a
-// CTA-uniform test; the common decode step) take the prefill kernel's plain path -- the scale
-// folded into the softmax's exp2 (LogitTransform<false>'s log2_scale; float8 K/V: into S's row
-// factor) -- and, 16-bit K/V, a tile that every row of the CTA sees whole skips the mask.
-// Otherwise every tile pays the
-// scale, the ALiBi term (slope 0 when absent) and the mask: ~80 of the 725 instructions of a
-// 16-key tile (bf16 D = 128, ptxas 13 sm_90), and MQA decode is bound by instructions per key
-// (NOTES.md, stop 40).
-#ifndef FA_DECODE_PLAIN
-#define FA_DECODE_PLAIN 0
-#endif
 // FA_DECODE_TIMELINE (a probe switch, 0 by default: no code): thread 0 of each CTA stamps
 // %globaltimer (ns) at the phases of a decode step into fa_decode_timeline[cta][phase], which
 // tools/decode_timeline.py reads back -- where a B = 1 step's time goes (issue 16).  Phases:
@@ -267,15 +210,10 @@ __device__ __forceinline__ void timeline_stamp(int phase) {
 // chunk index XOR a row function that gives rows r0 .. r0 + 7 (r0 % 8 == 0) 8 different bank
 // groups for one logical chunk -- r % 8 for rows of >= 128 bytes; for 64-byte rows (float8
 // D = 64: two rows per 128 bytes), (r / 2) % 4, the rows' halves of a line doing the rest.
-// kBoxes (FA_DECODE_TMA builds, 16-bit K/V): the tile as the TMA copy engine writes it, one
-// (16 rows x 128 bytes) box per 64 columns with the same swizzle inside each box
-// (SWIZZLE_128B: chunk c ^ (row & 7)); the same banks per ldmatrix phase as the row layout.
-template <int kRowBytes, bool kBoxes = false>
+template <int kRowBytes>
 __device__ __forceinline__ u32 ring_offset(int r, int c) {
   constexpr int kChunks = kRowBytes / 16;
   static_assert(kChunks % 8 == 0 || kChunks == 4, "ring rows of 64 bytes or a multiple of 128");
-  if constexpr (kBoxes && kChunks >= 8)
-    return (c >> 3) * (kDecodeTileN * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
   const int x = kChunks >= 8 ? (r & 7) : ((r >> 1) & 3);
   return r * kRowBytes + ((c ^ x) << 4);
 }
@@ -567,17 +505,8 @@ __device__ void flash_decode(const DecodeParams& dp) {
   // kCtasPerSm CTAs (each with ~1 KB reserved and ~0.7 KB static) fit an sm_90 SM's 228 KB.
   static_assert(kCtasPerSm * (Sm::kBytes + 2048) <= 228 * 1024,
                 "decode: kMinBlocks / kMinBlocksFp8 CTAs do not fit one SM");
-  // FA_DECODE_TMA: whole paged tiles by TMA (see the switch); the ring in the box layout.
-#if FA_DECODE_TMA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr bool kTmaBuild = !kFp8 && kVSplits == 1 && kD <= 256;
-#else
-  constexpr bool kTmaBuild = false;
-#endif
-  constexpr bool kBox = kTmaBuild;
   const FwdParams& p = dp.f;
   extern __shared__ __align__(128) unsigned char smem[];  // 128: ring lines (DecodeSmem)
-  // One mbarrier per warp and ring slot (TMA tiles: FULL, one arrival plus the bytes).
-  __shared__ __align__(8) unsigned long long s_tile_full[kTmaBuild ? kDecodeWarps * kStages : 1];
   __shared__ float s_m[kDecodeWarps][kDecodeRows], s_l[kDecodeWarps][kDecodeRows];
   __shared__ float s_rowm[kDecodeRows], s_rowl[kDecodeRows];
 
@@ -629,20 +558,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
     v_scale = (dp.v_scale != nullptr ? dp.v_scale[hk] : 1.f) * Kv::kF16Scale;
   }
   const u32 q_smem = smem_u32(smem);
-  // TMA builds: the rings from the first 1024-byte boundary after Q (DecodeSmem::kTmaAlign).
-  const u32 ring_base = kTmaBuild ? (q_smem + Sm::kQBytes + 1023u) & ~1023u : q_smem + Sm::kQBytes;
-  const u32 ring = ring_base + warp * Sm::kWarpBytes;
-  const bool tma = kTmaBuild && dp.paged == 2;  // CTA-uniform
-  auto tile_full = [&](int slot) { return smem_u32(&s_tile_full[kTmaBuild ? warp * kStages + slot : 0]); };
-#if FA_DECODE_TMA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (tma && lane == 0) {
-#pragma unroll
-    for (int slot = 0; slot < kStages; ++slot) pipe::bar_init(tile_full(slot), 1);
-    // The copy engine (async proxy) completes these barriers: make their init visible to it.
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncwarp();
-#endif
+  const u32 ring = q_smem + Sm::kQBytes + warp * Sm::kWarpBytes;
 
   // ---- Prologue 1: Q rows (packed) -> smem, zero-filled past the rows / head dim. ----------
   for (int idx = tidx; idx < kDecodeRows * kChunks; idx += kDecodeThreads) {
@@ -680,8 +596,8 @@ __device__ void flash_decode(const DecodeParams& dp) {
     if (!dp.paged) return (i64)(k_start + k.pos) * p.k_row_stride;
     return pages.row_offset(k.pos, k.id);
   };
-  // FA_DECODE_LEAN_ISSUE, 16-bit K/V: this lane's chunk column in every copy step, its first
-  // row, and the byte distances it adds to a key row's K address (its column; V's row).
+  // 16-bit K/V without V-split: this lane's chunk column in every copy step, its first row,
+  // and the byte distances it adds to a key row's K address (its column; V's row).
   constexpr int kLaneCols = kChunks < 32 ? kChunks : 32;
   const int lane_col = lane % kLaneCols, lane_row0 = lane / kLaneCols;
   const bool col_ok = lane_col * 8 < hd;
@@ -700,13 +616,17 @@ __device__ void flash_decode(const DecodeParams& dp) {
         const i64 o = __shfl_sync(0xffffffffu, off, r);
         const bool ok = o >= 0 && c * 16 < hd;  // hd % 16 == 0 (the host's rule): whole chunks
         const i64 e = ok ? o + kv_head_off + c * 16 : 0;
-        cp_async_16(kdst + ring_offset<Sm::kRowBytesK>(r, c), kb + e, ok);  // float8: never boxes
+        cp_async_16(kdst + ring_offset<Sm::kRowBytesK>(r, c), kb + e, ok);
         cp_async_16(vdst + ring_offset<Sm::kRowBytesV>(r, c), vb + e, ok);
       }
-    } else if constexpr (kVSplits == 1 && FA_DECODE_LEAN_ISSUE) {
+    } else if constexpr (kVSplits == 1) {
       // The key row's K address, made once by the lane that resolved the key (null: no key),
       // is what the steps shuffle; each lane adds its own column (lane_col: the same in every
-      // step, as kChunks divides 32) and, for V, the distance from K to V.
+      // step, as kChunks divides 32) and, for V, the distance from K to V.  A step is 2 SHFL, a
+      // test, a select and two 64-bit adds besides its two cp.async; shuffling element offsets
+      // and adding head and column per step took ~36 instructions a tile more (725 -> 689,
+      // bf16 D = 128, ptxas 13 sm_90), which MQA decode, bound by instructions per key, pays
+      // (H100, stop 42, with the plain logits below: MQA 32/1 B = 64 ctx 4096 71.1 -> 67.0 us).
       static_assert(32 % kChunks == 0, "lean issue: a lane keeps one chunk column");
       const char* row = off >= 0 ? k_head_bytes + 2 * off : nullptr;
 #pragma unroll
@@ -716,18 +636,8 @@ __device__ void flash_decode(const DecodeParams& dp) {
             __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(row), r));
         const bool ok = col_ok && key != nullptr;
         const char* src = ok ? key : k_head_bytes;  // never read when !ok (src-size 0)
-        cp_async_16(kdst + ring_offset<Sm::kRowBytesK, kBox>(r, lane_col), src + lane_col_bytes, ok);
-        cp_async_16(vdst + ring_offset<Sm::kRowBytesV, kBox>(r, lane_col), src + v_from_k, ok);
-      }
-    } else if constexpr (kVSplits == 1) {  // K and V rows alike: one address per chunk for both
-#pragma unroll
-      for (int i = 0; i < kChunks / 2; ++i) {
-        const int idx = lane + 32 * i, r = idx / kChunks, c = idx % kChunks;
-        const i64 o = __shfl_sync(0xffffffffu, off, r);
-        const bool ok = o >= 0 && c * 8 < hd;
-        const i64 e = ok ? o + kv_head_off + c * 8 : 0;
-        cp_async_16(kdst + ring_offset<Sm::kRowBytesK, kBox>(r, c), p.k + e, ok);
-        cp_async_16(vdst + ring_offset<Sm::kRowBytesV, kBox>(r, c), p.v + e, ok);
+        cp_async_16(kdst + ring_offset<Sm::kRowBytesK>(r, lane_col), src + lane_col_bytes, ok);
+        cp_async_16(vdst + ring_offset<Sm::kRowBytesV>(r, lane_col), src + v_from_k, ok);
       }
     } else {  // K: whole rows; V: this CTA's kDV columns from v_col0
       // Unrolled by 4, not fully: 32 + 16 unrolled copies (D = 512) held their addresses at
@@ -737,7 +647,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
         const int idx = lane + 32 * i, r = idx / kChunks, c = idx % kChunks;
         const i64 o = __shfl_sync(0xffffffffu, off, r);
         const bool ok = o >= 0 && c * 8 < hd;
-        cp_async_16(kdst + ring_offset<Sm::kRowBytesK, kBox>(r, c), p.k + (ok ? o + kv_head_off + c * 8 : 0), ok);
+        cp_async_16(kdst + ring_offset<Sm::kRowBytesK>(r, c), p.k + (ok ? o + kv_head_off + c * 8 : 0), ok);
       }
 #pragma unroll 4
       for (int i = 0; i < kChunksV / 2; ++i) {
@@ -745,38 +655,11 @@ __device__ void flash_decode(const DecodeParams& dp) {
         const i64 o = __shfl_sync(0xffffffffu, off, r);
         const bool ok = o >= 0 && c * 8 < hd_v;
         const i64 e = ok ? o + kv_head_off + v_col0 + c * 8 : 0;
-        cp_async_16(vdst + ring_offset<Sm::kRowBytesV, kBox>(r, c), p.v + e, ok);
+        cp_async_16(vdst + ring_offset<Sm::kRowBytesV>(r, c), p.v + e, ok);
       }
     }
   };
   auto tile_of = [&](int j) { return t_begin + warp + j * kDecodeWarps; };
-  // Whether tile t comes by TMA: a TMA plan, and every key of the tile is in the sequence (the
-  // last tile is gathered: zeros past len_k).  Only a warp's last tile can fail the second
-  // test, so each slot's barrier completes once per earlier use: use k waits parity k & 1.
-  auto by_tma = [&](int t) { return tma && (t + 1) * kDecodeTileN <= len_k; };
-  // Issue tile t (key `key`: this lane's; lane 0 holds the tile's first key and its page id)
-  // into ring slot `slot`: by TMA (lane 0) or by every lane's cp.async (offset `off`).
-  auto issue_tile = [&](int slot, int t, const KeyRef& key, i64 off) {
-#if FA_DECODE_TMA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (by_tma(t)) {
-      if (lane == 0) {
-        const u32 kdst = ring + slot * Sm::kStageBytes, vdst = kdst + Sm::kRingTileBytes;
-        const u32 bar = tile_full(slot);
-        pipe::bar_arrive_expect_tx(bar, 2 * Sm::kRingTileBytes);
-        const int row = (t * kDecodeTileN) & (p.page_size - 1);  // P a power of two >= 16
-        const auto* kmap = static_cast<const pipe::TmaDesc*>(dp.k_map);
-        const auto* vmap = static_cast<const pipe::TmaDesc*>(dp.v_map);
-#pragma unroll
-        for (int b = 0; b < kD / 64; ++b) {
-          pipe::tma_load_4d(kdst + b * kDecodeTileN * 128, kmap, 64 * b, hk, row, key.id, bar);
-          pipe::tma_load_4d(vdst + b * kDecodeTileN * 128, vmap, 64 * b, hk, row, key.id, bar);
-        }
-      }
-      return;
-    }
-#endif
-    issue(slot, off);
-  };
 
   // ---- Prologue 2: the first kStages - 1 tiles of this warp in flight. ---------------------
   // The page ids of the first kStages tiles loaded together (one table round trip, not one per
@@ -793,12 +676,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
 #pragma unroll
   for (int j = 0; j < kStages - 1; ++j) {
     const i64 off = key_offset(first_keys[j]);
-    if (j < n_mine) {
-      // (issue_tile in every build cost the default bf16 D = 128 kernel 153 -> 246 registers,
-      // ptxas 13 sm_90: the plain call keeps its machine code.)
-      if constexpr (kTmaBuild) issue_tile(j, tile_of(j), first_keys[j], off);
-      else issue(j, off);
-    }
+    if (j < n_mine) issue(j, off);
     cp_async_commit();  // always commit: group counting stays uniform
     no_key[j] = __ballot_sync(0xffffffffu, off < 0) & 0xffffu;
   }
@@ -820,14 +698,18 @@ __device__ void flash_decode(const DecodeParams& dp) {
     if (!row_ok) last[h] = -1;
     slope[h] = row_ok ? xform.slope(p, bidb, hk * g + pr % g) : 0.f;
   }
-  // FA_DECODE_PLAIN: the plain logit (see the switch).  16-bit K/V fold the scale into the
-  // softmax's exp2 (c); float8 K/V into S's row factor (s_factor, below: S is multiplied row by
+  // Plain logits -- no softcap, no ALiBi, a positive finite scale: a CTA-uniform test, the
+  // common decode step -- take the prefill kernel's plain path.  16-bit K/V fold the scale into
+  // the softmax's exp2 (c: LogitTransform<false>'s log2_scale); float8 K/V into S's row factor (s_factor, below: S is multiplied row by
   // row anyway), with c = log2(e) as for transformed logits.  16-bit K/V also skip the mask on
   // tiles inside [free_lo, free_hi], the keys every row of the CTA sees (all warps hold the
   // same 16 rows: a warp reduction suffices; padding rows, zero queries never written, need no
   // mask).  Float8 K/V mask every tile: the free range cost the float8 D = 128 kernel (128
-  // registers for 4 CTAs per SM) 8-16 bytes of spills (ptxas 13, sm_90).
-  const bool plain = FA_DECODE_PLAIN && p.softcap <= 0.f && p.alibi_slopes == nullptr &&
+  // registers for 4 CTAs per SM) 8-16 bytes of spills (ptxas 13, sm_90).  Otherwise every tile
+  // pays the scale, the ALiBi term (slope 0) and the mask, ~80 of ~687 instructions executed a
+  // 16-key tile (bf16 D = 128): MQA 32/1 B = 64 ctx 4096 page 16 took 71.1 us with them, 68.0
+  // without (H100, stop 42; NOTES.md).
+  const bool plain = p.softcap <= 0.f && p.alibi_slopes == nullptr &&
                      p.softmax_scale > 0.f && isfinite(p.softmax_scale);
   const float c = plain && !kFp8 ? p.softmax_scale * float(log2e_f64()) : xform.log2_scale;
   int free_lo = 1, free_hi = 0;  // float8: empty (every tile is masked)
@@ -882,10 +764,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
     // Refill the slot freed by tile j - 1 with tile j + kStages - 1 (its page ids were loaded
     // one iteration ago), then load the next tile's page ids while tile j computes.
     const i64 next_off = key_offset(next_key);
-    if (j + kStages - 1 < n_mine) {
-      if constexpr (kTmaBuild) issue_tile((j + kStages - 1) % kStages, tile_of(j + kStages - 1), next_key, next_off);
-      else issue((j + kStages - 1) % kStages, next_off);
-    }
+    if (j + kStages - 1 < n_mine) issue((j + kStages - 1) % kStages, next_off);
     cp_async_commit();
     next_key = key_ref(tile_of(j + kStages));
     const unsigned tile_no_key = no_key[0];  // tile j's
@@ -894,14 +773,11 @@ __device__ void flash_decode(const DecodeParams& dp) {
     no_key[kStages - 2] = __ballot_sync(0xffffffffu, next_off < 0) & 0xffffu;
     cp_async_wait<kStages - 1>();  // tile j has landed (this lane's copies) ...
     __syncwarp();                  // ... and every lane's copies are visible to the warp
-    const int t = tile_of(j);
-#if FA_DECODE_TMA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (by_tma(t)) pipe::bar_wait(tile_full(j % kStages), (j / kStages) & 1);  // (or its boxes)
-#endif
 #if FA_DECODE_TIMELINE
     if (j == 0) FA_DECODE_STAMP(2);
 #endif
     const u32 ks = ring + (j % kStages) * Sm::kStageBytes, vs = ks + Sm::kRingTileBytes;
+    const int t = tile_of(j);
 
     // S = Q K^T (16 rows x 16 keys: n-tile 0 keys 0-7, 1 keys 8-15); k-steps past the head dim
     // are skipped (uniform branch).
@@ -934,7 +810,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
         if (kk * 16 < hd) {
           u32 qa[4], kb[4];
           ldmatrix_x4(qa, q_smem + lrow_q + kk * 32);
-          ldmatrix_x4(kb, ks + ring_offset<Sm::kRowBytesK, kBox>(lr, 2 * kk + lhi));
+          ldmatrix_x4(kb, ks + ring_offset<Sm::kRowBytesK>(lr, 2 * kk + lhi));
           Mma::mma(s[0][0], qa, kb[0], kb[2]);  // keys 0-7
           Mma::mma(s[0][1], qa, kb[1], kb[3]);  // keys 8-15
         }
@@ -996,7 +872,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
       for (int dd = 0; dd < kDV / 16; ++dd) {
         if (dd * 16 < hd_v) {
           u32 vb[4];
-          ldmatrix_x4_trans(vb, vs + ring_offset<Sm::kRowBytesV, kBox>(lr, 2 * dd + lhi));
+          ldmatrix_x4_trans(vb, vs + ring_offset<Sm::kRowBytesV>(lr, 2 * dd + lhi));
           Mma::mma(o[0][2 * dd], pa, vb[0], vb[1]);
           Mma::mma(o[0][2 * dd + 1], pa, vb[2], vb[3]);
         }
@@ -1108,29 +984,22 @@ __device__ void flash_decode(const DecodeParams& dp) {
       // then counts itself in; the one that counts last sees every other CTA's partials (read
       // from L2: merge_split_partials) and resets the counter for the next launch (graph replays).
       __shared__ int s_last;
-#if FA_DECODE_ACQ_REL
       // Release: each thread's partial stores, then the CTA barrier, then thread 0's count
-      // (fence.acq_rel, not __threadfence's fence.sc: no total order is needed here).
+      // (fence.acq_rel, not __threadfence's fence.sc: no total order is needed here; with
+      // fence.sc on both sides B = 1 ctx 32768 took 60.2 us, with these 58.6 -- H100, stop 42,
+      // with the lean issue and plain logits).
       fence_acq_rel_gpu();
-#else
-      __threadfence();
-#endif
       __syncthreads();
       if (tidx == 0) {
         int* counter = dp.split_counters + ((i64)bidb * gridDim.y + blockIdx.y) * dp.m_blocks + m_block;
         const int arrived = atomicAdd(counter, 1);
         s_last = arrived == dp.num_splits - 1;
         if (s_last) *counter = 0;
-#if FA_DECODE_ACQ_REL
         if (s_last) fence_acq_rel_gpu();  // acquire: the count that said "last", then the barrier
-#endif
       }
       __syncthreads();
       FA_DECODE_STAMP(5);
       if (s_last) {
-#if !FA_DECODE_ACQ_REL
-        __threadfence();
-#endif
         CombineParams cp;  // the fields merge_split_partials reads
         cp.o_in = dp.oaccum;
         cp.lse_in = dp.lse_accum;

@@ -40,8 +40,7 @@ from .args import elem_stride as _es
 from .compile import PARAMS, bucket_for, family_prefix, kernel_dtype_tag, load_function
 from .device_facts import decode_facts
 from .packing import ArgPack
-from .launcher import Launch, TmaLaunch, launch_packed
-from .tma import TmaArgPack, paged_geometry
+from .launcher import Launch, launch_packed
 from .source import build_source
 
 __all__ = [
@@ -66,7 +65,6 @@ DECODE_BUCKETS = (64, 128, 256, 384, 512)
 # point static_asserts both, so they cannot drift.  Per-bucket stages, occupancy and shared
 # memory are read from the compiler (device_facts.py).
 DECODE_ROWS = 16
-DECODE_TILE_N = 16  # keys per warp tile (flash_decode.cu kDecodeTileN)
 DECODE_THREADS = 128
 
 DECODE_EXTRA = (
@@ -190,9 +188,6 @@ def decode_shipped_keys() -> list:
 #: One packed argument struct per entry point (packing.py): the decode kernel takes the
 #: prefill kernel's FwdParams fields plus its own; combine and rope/append their own fields.
 DECODE_ARGS = ArgPack("fa_decode_args", PARAMS + DECODE_EXTRA)
-#: FA_DECODE_TMA builds (flash_decode.cu): the decode entry points take the K / V maps too
-#: (tma.TmaArgPack: q's map slot unused), by __grid_constant__ so that TMA can read them.
-DECODE_TMA_ARGS = TmaArgPack("fa_decode_tma_args", DECODE_ARGS)
 COMBINE_ARGS = ArgPack("fa_combine_args", COMBINE_FIELDS)
 ROPE_ARGS = ArgPack("fa_rope_args", ROPE_FIELDS)
 _PARAM_NAMES = tuple(n for _, n in PARAMS)
@@ -202,21 +197,15 @@ _EXTRA_NAMES = tuple(n for _, n in DECODE_EXTRA)
 def _decode_wrapper(key: DecodeKey) -> str:
     elem = "fa::Bf16" if key.dtype == "bf16" else "fa::F16"
     kv = FP8_KV_FORMATS[key.kv] if key.kv else "fa::KvSame"
-    if decode_tma_built():
-        args, base = "const __grid_constant__ fa_decode_tma_args a", "a.base"
-        maps = "\n  dp.k_map = &a.tma_k;\n  dp.v_map = &a.tma_v;"
-    else:
-        args, base, maps = "const fa_decode_args a", "a", ""
     return f"""
-static_assert(fa::kDecodeRows == {DECODE_ROWS} && fa::kDecodeTileN == {DECODE_TILE_N} &&
-              fa::kDecodeWarps * 32 == {DECODE_THREADS} &&
+static_assert(fa::kDecodeRows == {DECODE_ROWS} && fa::kDecodeWarps * 32 == {DECODE_THREADS} &&
               fa::DecodeSmem<{key.head_dim}, {kv}::kBytes>::kBytes == {smem_bytes(key.head_dim, key.kv)},
               "{key.name}: the host's launch geometry differs from flash_decode.cu");
 extern "C" __global__ void __launch_bounds__({DECODE_THREADS}, {key.min_blocks}) {key.name}(
-    {args}) {{
+    const fa_decode_args a) {{
   fa::DecodeParams dp;
-{DECODE_ARGS.assign("dp.f", source=base, names=_PARAM_NAMES)}
-{DECODE_ARGS.assign("dp", source=base, names=_EXTRA_NAMES)}{maps}
+{DECODE_ARGS.assign("dp.f", names=_PARAM_NAMES)}
+{DECODE_ARGS.assign("dp", names=_EXTRA_NAMES)}
   fa::flash_decode<{key.head_dim}, {elem}, {kv}>(dp);
 }}
 """
@@ -235,10 +224,7 @@ def decode_source(keys=(), combine: bool = True) -> str:
     defines = "".join(f"#define {d[2:].replace('=', ' ', 1)}\n" for d in _tuning_defines())
     src = defines + build_source(f"{archs.pop()}/flash_decode.cu") + '#line 1 "<generated decode entry points>"\n'
     if keys:
-        src += DECODE_ARGS.c_struct()
-        if decode_tma_built():
-            src += DECODE_TMA_ARGS.c_struct()
-        src += "".join(_decode_wrapper(k) for k in keys)
+        src += DECODE_ARGS.c_struct() + "".join(_decode_wrapper(k) for k in keys)
     if combine:
         src += COMBINE_ARGS.c_struct()
         src += COMBINE_ARGS.entry_point(COMBINE_NAME, "CombineParams", "combine_states", 128)
@@ -420,37 +406,6 @@ def _fused_combine_built() -> bool:
     return _switch("FA_DECODE_FUSED_COMBINE", True)
 
 
-def decode_tma_built() -> bool:
-    """Whether the decode kernels are built with flash_decode.cu's FA_DECODE_TMA (whole paged
-    tiles by TMA on sm_90; prepared in stop 41, off unless $CUPY_FLASHATTN_SM90_DEFINES turns
-    it on).  Such a build's entry points take :data:`DECODE_TMA_ARGS`."""
-    return _switch("FA_DECODE_TMA", False)
-
-
-def _device_cc() -> int:
-    from .launch import _device_cc as cc
-
-    return cc()
-
-
-def decode_tma_applies(problem: AttentionProblem, key: DecodeKey, direct: bool,
-                       device_cc: int) -> bool:
-    """Whether a decode launch loads its whole key tiles by TMA (flash_decode.cu FA_DECODE_TMA;
-    the kernel's paged == 2): a TMA build on a 9.0+ GPU, 16-bit K/V read directly, no V-split,
-    paged with P a power of two >= 16 (a 16-key tile lies in one page: one box of 16 rows per
-    64 columns), and the pool's strides whole 16-byte multiples (TMA's rule)."""
-    p = problem
-    if not (decode_tma_built() and direct and device_cc >= 90 and p.paged and not key.kv
-            and key.v_splits == 1):
-        return False
-    P = int(p.page_block_size)
-    if P < 16 or P & (P - 1):
-        return False
-    strides = (*p.k.strides[1:3], p.k.strides[0], *p.v.strides[0:3])
-    return (all(int(x) % 16 == 0 for x in strides) and p.k.data.ptr % 16 == 0
-            and p.v.data.ptr % 16 == 0 and p.k.strides == p.v.strides)
-
-
 def fused_combine_applies(problem: AttentionProblem, splits: int, v_splits: int,
                           len_q_max: int, direct: bool) -> bool:
     """Whether a decode launch merges its split partials in its last split CTAs instead of the
@@ -494,20 +449,9 @@ class DecodePlan:
         self.fused = fused_combine_applies(p, self.splits, self.key.v_splits, self.len_q_max,
                                            self.direct)
         self._counters: dict = {}  # stream -> split counters (fused combine)
-        # FA_DECODE_TMA builds take the maps too (zero where this plan gathers every tile).
-        self.args_pack = DECODE_TMA_ARGS if decode_tma_built() else DECODE_ARGS
-        self.tma = (not self.empty and self.args_pack is DECODE_TMA_ARGS
-                    and decode_tma_applies(p, self.key, self.direct, _device_cc()))
         if self.direct and not self.empty:
-            values = self._values(ops)
-            template = self.args_pack.new(values)
-            if self.args_pack is DECODE_TMA_ARGS:
-                geo = paged_geometry(values, DECODE_TILE_N) if self.tma else None
-                self.launch = TmaLaunch(self.kernel, self.grid, (DECODE_THREADS,), self.smem,
-                                        self.args_pack, template, (None, geo, geo))
-            else:
-                self.launch = Launch(self.kernel, self.grid, (DECODE_THREADS,), self.smem,
-                                     self.args_pack, template)
+            self.launch = Launch(self.kernel, self.grid, (DECODE_THREADS,), self.smem,
+                                 DECODE_ARGS, DECODE_ARGS.new(self._values(ops)))
             pairs = total_q * H
             if self.splits > 1 and pairs > 0 and not self.fused:
                 self.combine_launch = Launch(
@@ -535,7 +479,7 @@ class DecodePlan:
     def _values(self, ops, oacc=None, lacc=None) -> dict:
         return {**ops.fwd_values(len_q_max=self.len_q_max), "oaccum": oacc, "lse_accum": lacc,
                 "num_splits": self.splits, "m_blocks": self.m_blocks,
-                "paged": (2 if self.tma else 1) if ops.problem.paged else 0, "split_counters": None,
+                "paged": 1 if ops.problem.paged else 0, "split_counters": None,
                 **self._scales(ops.problem)}
 
     def _split_counters(self, cupy):
@@ -589,7 +533,7 @@ class DecodePlan:
                                      "lse_out": p.softmax_lse, "sinks": p.sinks})
             return
         ops = Operands(p, self.compute_dtype)
-        args = self.args_pack.new(self._values(ops, oacc, lacc))  # never TMA: not direct
+        args = DECODE_ARGS.new(self._values(ops, oacc, lacc))
         launch_packed(self.kernel, self.grid, (DECODE_THREADS,), args, self.smem)
         if self.splits > 1:
             cargs = COMBINE_ARGS.new(self._combine_values(ops.o, ops.lse, oacc, lacc, p.sinks))

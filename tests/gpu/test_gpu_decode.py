@@ -204,8 +204,9 @@ def test_absent_pages(page, h, hk, softcap, splits):
     sequence's length: their keys are absent -- masked, never read (paged.cuh) -- as in the
     prefill kernel and the CPU backend; a sequence whose every page is absent outputs 0 with
     LSE +inf.  The decode kernel zero-fills an absent key's row, so without the mask its logit
-    would be 0, not -inf.  Softcap 0 takes FA_DECODE_PLAIN's unmasked tiles where that switch
-    is on (a tile with an absent key must still be masked); 30 the transform path.  The
+    would be 0, not -inf.  Softcap 0 takes the plain-logit path, which skips the mask on
+    tiles every row sees whole (a tile with an absent key must still be masked); 30 the
+    transform path.  The
     reference is attention over the present keys (no window or ALiBi: positions do not
     matter)."""
     from cupy_flashattn import _cuda
