@@ -1,6 +1,6 @@
 """CI (no GPU needed): every shipped decode-path instantiation -- the split-KV decode kernels
-(flash_decode.cu, one per dtype x head-dim bucket, per dtype x bucket 64/128/256 x float8 K/V
-format, and per dtype x bucket 64/128/256 the paired 32-row kernel), the combine kernel and the rotary/append kernel (kv_cache.cu) -- compiles with
+(flash_decode.cu, one per dtype x head-dim bucket, and per dtype x bucket 64/128/256 x float8
+K/V format), the combine kernel and the rotary/append kernel (kv_cache.cu) -- compiles with
 NVRTC for sm_80 and sm_90 (sm_80: the float8 conversions in integer code; sm_90: cvt), with 0
 bytes of spills and within the register budget of its launch bounds.  One NVRTC program per
 (arch, source file)."""
@@ -19,9 +19,7 @@ from cupy_flashattn._cuda import compile as cc  # noqa: E402
 from cupy_flashattn._cuda import decode as dc  # noqa: E402
 
 ARCHS = (80, 90)
-# With the paired 32-row kernels (shipped where FA_DECODE_PAIRED=1 lets plans take them): they
-# must build without spills whether or not this machine's switches enable them.
-KEYS = dc.decode_shipped_keys(paired=True)
+KEYS = dc.decode_shipped_keys()
 SMEM_LIMIT = 227 * 1024  # per block, sm_80 (163 KB) is checked separately below
 
 

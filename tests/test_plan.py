@@ -125,32 +125,6 @@ def test_wide_groups_take_several_16_row_tiles(H, Hk, max_q, D):
     assert launch["smem"] == dc.smem_bytes(key.head_dim)
 
 
-@pytest.mark.parametrize("H,Hk,max_q,D,paired", [
-    (32, 1, 1, 128, True), (32, 1, 1, 64, True), (32, 1, 1, 200, True),  # MQA: one 32-row tile
-    (32, 1, 2, 128, True),  # 64 rows: two 32-row tiles
-    (16, 2, 3, 128, True),  # GQA g = 8, 3 queries: 24 rows, one tile (8 rows of padding)
-    (32, 8, 1, 128, False), (16, 1, 1, 128, False),  # 16 rows or fewer: the 16-row kernel
-    (32, 1, 1, 512, False),  # no paired kernel past 256 (V-split buckets)
-])
-def test_paired_switch_plans_32_row_tiles(H, Hk, max_q, D, paired, monkeypatch):
-    """FA_DECODE_PAIRED=1: more than 16 packed rows per kv head (16-bit K/V, head dim <= 256)
-    take the paired kernel, 32 rows per CTA; its grid counts 32-row tiles and its launch names
-    its own kernel and shared memory."""
-    monkeypatch.setenv("CUPY_FLASHATTN_SM90_DEFINES", "FA_DECODE_PAIRED=1")
-    p = _problem(B=4, max_q=max_q, max_k=4096, H=H, Hk=Hk, D=D, paged=True)
-    key, m_blocks, splits = dc.plan(p, sm_count=H100_SMS)
-    rows = 32 if paired else 16
-    assert key == dc.DecodeKey("f16", dc.decode_bucket(D), rows=rows)
-    assert m_blocks == -(-max_q * (H // Hk) // rows)
-    (launch,) = describe_launches(p, sm_count=H100_SMS, device_cc=90)
-    assert launch["kernel"] == key.name
-    assert launch["grid"] == (splits * m_blocks, Hk * key.v_splits, 4)
-    assert launch["smem"] == dc.smem_bytes(key.head_dim, rows=rows)
-    assert ("_r32" in key.name) == paired
-    if paired:  # two rings (one per pair) where the 16-row kernel has four
-        assert launch["smem"] < dc.smem_bytes(key.head_dim)
-
-
 def test_float8_mqa_takes_two_16_row_tiles():
     from cupy_flashattn import fp8
 

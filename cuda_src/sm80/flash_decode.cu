@@ -5,9 +5,7 @@
 // sequence's few query tokens) are the rows of ONE tile, so each K/V byte is read once per kv
 // head instead of once per query head.  Packed row r of a CTA -> query token i = r / g and query
 // head hk * g + r % g (g = H / Hk).  kDecodeRows = 16 rows per CTA (one mma m16 tile); more
-// packed rows go to further m-blocks (blockIdx.x), which re-read K/V mostly from L2 -- or, in a
-// paired kernel (kHalves = 2, wide groups such as MQA, see flash_decode), 32 rows per CTA whose
-// two halves share each K/V tile in shared memory.
+// packed rows go to further m-blocks (blockIdx.x), which re-read K/V mostly from L2.
 //
 // Grid (num_splits * m_blocks, Hk, B); 4 warps.  The split's 16-key tiles are dealt round-robin
 // to the warps; each warp streams ITS tiles through its own cp.async ring of kStages slots
@@ -159,22 +157,11 @@ template <> struct DecodeTraits<512> { static constexpr int kStages = 2, kMinBlo
 // requests, a third of them for sectors already requested; cuDNN's decode kernel, 33.6 M in
 // whole 128-byte requests) and 86% L2 throughput (stop 36, H100).  Swizzled: 33.6 M sectors,
 // at the same kernel time (L2 was busy, not the limit).  Q keeps padded rows (read once).
-// FA_DECODE_PAIRED_EXTRA_STAGES (A/B switch, 0): ring slots the paired kernel (kHalves = 2)
-// adds to its bucket's kStages -- its two rings take half the shared memory of the 16-row
-// kernel's four, so a deeper ring fits (D = 128 at +2: 88 KB a CTA, 2 CTAs per SM).
-#ifndef FA_DECODE_PAIRED_EXTRA_STAGES
-#define FA_DECODE_PAIRED_EXTRA_STAGES 0
-#endif
-template <int kD, int kHalves>
-struct DecodeStages {
-  static constexpr int kValue = DecodeTraits<kD>::kStages + (kHalves > 1 ? FA_DECODE_PAIRED_EXTRA_STAGES : 0);
-};
-
-template <int kD, int kKvBytes = 2, int kHalves = 1>
+template <int kD, int kKvBytes = 2>
 struct DecodeSmem {
   static constexpr int kDV = kD / DecodeTraits<kD>::kVSplits;  // V / O columns of a CTA
   static constexpr int kQRowBytes = (kD + 8) * 2;  // Q rows, padded by 16 bytes
-  static constexpr int kQBytes = kDecodeRows * kHalves * kQRowBytes;  // the CTA's rows
+  static constexpr int kQBytes = kDecodeRows * kQRowBytes;
   static constexpr int kRowBytesK = kD * kKvBytes;    // ring rows, unpadded (ring_offset)
   static constexpr int kRowBytesV = kDV * kKvBytes;
   static constexpr int kRingTileBytes = kDecodeTileN * kRowBytesK;
@@ -182,19 +169,15 @@ struct DecodeSmem {
   static_assert(kQBytes % 128 == 0 && kRingTileBytes % 128 == 0 && kRingTileBytesV % 128 == 0,
                 "ring tiles start on 128-byte lines");
   static constexpr int kStageBytes = kRingTileBytes + kRingTileBytesV;  // K then V
-  static constexpr int kWarpBytes = DecodeStages<kD, kHalves>::kValue * kStageBytes;
+  static constexpr int kWarpBytes = DecodeTraits<kD>::kStages * kStageBytes;
   static constexpr int kMergeRow = kDV + 8;  // floats per row of the cross-warp merge buffer
   static constexpr int kMergeBytes = kDecodeWarps * kDecodeRows * kMergeRow * 4;
-  static constexpr int kRingBytes = kDecodeWarps / kHalves * kWarpBytes;  // one ring per pair
+  static constexpr int kRingBytes = kDecodeWarps * kWarpBytes;
   static constexpr int kBytes = kQBytes + (kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes);
 };
 
 __device__ __forceinline__ u32 lane_id() { return threadIdx.x & 31; }
 
-// A barrier of `threads` threads (whole warps) on hardware barrier `id` (0 is __syncthreads').
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
 __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 // FA_DECODE_TIMELINE (a probe switch, 0 by default: no code): thread 0 of each CTA stamps
 // %globaltimer (ns) at the phases of a decode step into fa_decode_timeline[cta][phase], which
@@ -504,19 +487,13 @@ __device__ __forceinline__ u32 pair_keys_per_column(u32 w) {
   return r;
 }
 
-// kHalves = 2, the paired kernel for wide groups (more than 16 packed rows a kv head: MQA, or
-// GQA with several query tokens), 16-bit K/V, head dims <= 256: the CTA takes 32 rows, warps w
-// and w + 2 each 16 of them over the same key tiles, which the pair streams through one ring
-// (each warp issues half of a tile's copies; a 64-thread named barrier a tile).  Two 16-row
-// CTAs each read every key (the second through L2: twice the L2 -> SM traffic) and each issued
-// all of its copies; MQA decode was 0.67 of copy bandwidth that way (H100, stop 42).
-template <int kD, typename Elem, class Kv = KvSame, int kHalves = 1>
+template <int kD, typename Elem, class Kv = KvSame>
 __device__ void flash_decode(const DecodeParams& dp) {
-  using Sm = DecodeSmem<kD, Kv::kBytes, kHalves>;
+  using Sm = DecodeSmem<kD, Kv::kBytes>;
   constexpr bool kFp8 = Kv::kBytes == 1;
   // The tensor-core type: the query's, or float16 for float8 K/V (see the file comment).
   using Mma = conditional_t<kFp8, F16, Elem>;
-  constexpr int kStages = DecodeStages<kD, kHalves>::kValue;
+  constexpr int kStages = DecodeTraits<kD>::kStages;
   constexpr int kChunks = kD / 8;  // 16-byte chunks per row (bucket width)
   constexpr int kChunks8 = kD / 16;  // 16-byte chunks per float8 row
   constexpr int kVSplits = DecodeTraits<kD>::kVSplits, kDV = Sm::kDV, kChunksV = kDV / 8;
@@ -525,23 +502,16 @@ __device__ void flash_decode(const DecodeParams& dp) {
   constexpr int kCtasPerSm = kFp8 ? DecodeTraits<kD>::kMinBlocksFp8 : DecodeTraits<kD>::kMinBlocks;
   constexpr int kMergeLoads = 65536 / (kDecodeThreads * kCtasPerSm) >= 160 ? 16 : 8;
   static_assert(!kFp8 || (kVSplits == 1 && kD % 32 == 0), "float8 K/V: head dims 64 / 128 / 256");
-  static_assert(kHalves == 1 || (kHalves == 2 && !kFp8 && kVSplits == 1),
-                "paired rows: 16-bit K/V, head dims 64 / 128 / 256");
-  constexpr int kRows = kDecodeRows * kHalves;        // packed rows of the CTA
-  constexpr int kTileWarps = kDecodeWarps / kHalves;  // warps (pairs) dealt key tiles
   // kCtasPerSm CTAs (each with ~1 KB reserved and ~0.7 KB static) fit an sm_90 SM's 228 KB.
   static_assert(kCtasPerSm * (Sm::kBytes + 2048) <= 228 * 1024,
                 "decode: kMinBlocks / kMinBlocksFp8 CTAs do not fit one SM");
   const FwdParams& p = dp.f;
   extern __shared__ __align__(128) unsigned char smem[];  // 128: ring lines (DecodeSmem)
-  __shared__ float s_m[kTileWarps][kRows], s_l[kTileWarps][kRows];
-  __shared__ float s_rowm[kRows], s_rowl[kRows];
+  __shared__ float s_m[kDecodeWarps][kDecodeRows], s_l[kDecodeWarps][kDecodeRows];
+  __shared__ float s_rowm[kDecodeRows], s_rowl[kDecodeRows];
 
   FA_DECODE_STAMP(0);
   const int tidx = threadIdx.x, warp = tidx / 32, lane = tidx & 31;
-  // tw: the warp's place in the deal of key tiles (and its ring); hrow: its first row in the CTA.
-  const int tw = kHalves == 1 ? warp : warp % kTileWarps;
-  const int hrow = kHalves == 1 ? 0 : (warp / kTileWarps) * kDecodeRows;
   const int split = blockIdx.x % dp.num_splits, m_block = blockIdx.x / dp.num_splits;
   const int hk = blockIdx.y / kVSplits, bidb = blockIdx.z;
   const int g = p.h_per_kv, hd = p.head_dim;
@@ -558,7 +528,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
     q_start = bi.q_start; len_q = bi.len_q; k_start = bi.k_start; len_k = bi.len_k; table = nullptr;
   }
   const int rows_total = len_q * g;
-  const int row0 = m_block * kRows;
+  const int row0 = m_block * kDecodeRows;
   if (row0 >= rows_total) return;  // no rows here (combine reads only rows of real queries)
   if (len_q < p.len_q_min || len_q > p.len_q_max) return;  // the prefill kernel's (mixed batch)
   const int shift = len_k - len_q;
@@ -570,16 +540,15 @@ __device__ void flash_decode(const DecodeParams& dp) {
 
   // Key tiles any row of this CTA can see, intersected with this split's share of the
   // sequence's 16-key tiles.
-  const int i_lo = row0 / g, i_hi = (imin(row0 + kRows, rows_total) - 1) / g;
+  const int i_lo = row0 / g, i_hi = (imin(row0 + kDecodeRows, rows_total) - 1) / g;
   int n_lo, n_hi;
   window.template tile_range<kDecodeTileN>(i_lo, i_hi, n_lo, n_hi);
   const int n_tiles = ceil_div(len_k, kDecodeTileN);
   const int per_split = ceil_div(n_tiles, dp.num_splits);
   const int t_begin = imax(split * per_split, n_lo);
   const int t_end = imin(imin(n_tiles, (split + 1) * per_split), n_hi);
-  // Tiles of this warp: t_begin + tw + j * kTileWarps, j < n_mine (the same for both warps of
-  // a pair: they meet at the same barriers).
-  const int n_mine = t_end - t_begin > tw ? ceil_div(t_end - t_begin - tw, kTileWarps) : 0;
+  // Tiles of this warp: t_begin + warp + j * 4, j < n_mine.
+  const int n_mine = t_end - t_begin > warp ? ceil_div(t_end - t_begin - warp, kDecodeWarps) : 0;
 
   const i64 kv_head_off = (i64)hk * p.k_head_stride;
   // Float8 K/V: this kv head's dequantization scales (null: 1), times the conversion's factor.
@@ -589,10 +558,10 @@ __device__ void flash_decode(const DecodeParams& dp) {
     v_scale = (dp.v_scale != nullptr ? dp.v_scale[hk] : 1.f) * Kv::kF16Scale;
   }
   const u32 q_smem = smem_u32(smem);
-  const u32 ring = q_smem + Sm::kQBytes + tw * Sm::kWarpBytes;
+  const u32 ring = q_smem + Sm::kQBytes + warp * Sm::kWarpBytes;
 
   // ---- Prologue 1: Q rows (packed) -> smem, zero-filled past the rows / head dim. ----------
-  for (int idx = tidx; idx < kRows * kChunks; idx += kDecodeThreads) {
+  for (int idx = tidx; idx < kDecodeRows * kChunks; idx += kDecodeThreads) {
     const int r = idx / kChunks, c = idx % kChunks;
     const int pr = row0 + r;
     const bool ok = pr < rows_total && c * 8 < hd;
@@ -660,11 +629,9 @@ __device__ void flash_decode(const DecodeParams& dp) {
       // (H100, stop 42, with the plain logits below: MQA 32/1 B = 64 ctx 4096 71.1 -> 67.0 us).
       static_assert(32 % kChunks == 0, "lean issue: a lane keeps one chunk column");
       const char* row = off >= 0 ? k_head_bytes + 2 * off : nullptr;
-      // Paired: each warp of the pair issues half of the steps (rows), hrow / 16 picks which.
-      constexpr int kSteps = kChunks / 2 / kHalves;
 #pragma unroll
-      for (int i = 0; i < kSteps; ++i) {
-        const int r = lane_row0 + (32 / kChunks) * (i + (hrow / kDecodeRows) * kSteps);
+      for (int i = 0; i < kChunks / 2; ++i) {
+        const int r = lane_row0 + (32 / kChunks) * i;
         const char* key = reinterpret_cast<const char*>(
             __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(row), r));
         const bool ok = col_ok && key != nullptr;
@@ -692,7 +659,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
       }
     }
   };
-  auto tile_of = [&](int j) { return t_begin + tw + j * kTileWarps; };
+  auto tile_of = [&](int j) { return t_begin + warp + j * kDecodeWarps; };
 
   // ---- Prologue 2: the first kStages - 1 tiles of this warp in flight. ---------------------
   // The page ids of the first kStages tiles loaded together (one table round trip, not one per
@@ -724,7 +691,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
   const LogitTransform<true> xform(p, shift);  // softcap / ALiBi: run-time switches here
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int pr = row0 + hrow + ra + 8 * h;
+    const int pr = row0 + ra + 8 * h;
     const bool row_ok = pr < rows_total;
     qi[h] = pr / g;
     window.row_keys(qi[h], first[h], last[h]);
@@ -733,11 +700,11 @@ __device__ void flash_decode(const DecodeParams& dp) {
   }
   // Plain logits -- no softcap, no ALiBi, a positive finite scale: a CTA-uniform test, the
   // common decode step -- take the prefill kernel's plain path.  16-bit K/V fold the scale into
-  // the softmax's exp2 (c: LogitTransform<false>'s log2_scale); float8 K/V into S's row factor
-  // (s_factor, below: S is multiplied row by row anyway), with c = log2(e) as for transformed
-  // logits.  16-bit K/V also skip the mask on tiles inside [free_lo, free_hi], the keys every
-  // row of the warp sees (a warp reduction over its 16 rows; padding rows, zero queries never
-  // written, need no mask).  Float8 K/V mask every tile: the free range cost the float8 D = 128 kernel (128
+  // the softmax's exp2 (c: LogitTransform<false>'s log2_scale); float8 K/V into S's row factor (s_factor, below: S is multiplied row by
+  // row anyway), with c = log2(e) as for transformed logits.  16-bit K/V also skip the mask on
+  // tiles inside [free_lo, free_hi], the keys every row of the CTA sees (all warps hold the
+  // same 16 rows: a warp reduction suffices; padding rows, zero queries never written, need no
+  // mask).  Float8 K/V mask every tile: the free range cost the float8 D = 128 kernel (128
   // registers for 4 CTAs per SM) 8-16 bytes of spills (ptxas 13, sm_90).  Otherwise every tile
   // pays the scale, the ALiBi term (slope 0) and the mask, ~80 of ~687 instructions executed a
   // 16-key tile (bf16 D = 128): MQA 32/1 B = 64 ctx 4096 page 16 took 71.1 us with them, 68.0
@@ -751,7 +718,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
     free_hi = 0x7fffffff;
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      if (row0 + hrow + ra + 8 * h < rows_total) {
+      if (row0 + ra + 8 * h < rows_total) {
         free_lo = imax(free_lo, first[h]);
         free_hi = imin(free_hi, last[h]);
       }
@@ -790,17 +757,10 @@ __device__ void flash_decode(const DecodeParams& dp) {
   // 24-31; float8 K/V (lr8) (keys 0-7, bytes 0-15), (keys 8-15, bytes 0-15), (keys 0-7,
   // 16-31), (keys 8-15, 16-31) of a 32-byte column block.
   const int lr = lane & 15, lhi = lane >> 4, lr8 = (lane & 7) + 8 * ((lane >> 3) & 1);
-  const u32 lrow_q = (hrow + lr) * Sm::kQRowBytes + lhi * 16;
+  const u32 lrow_q = lr * Sm::kQRowBytes + lhi * 16;
 
   // ---- Main loop over this warp's tiles. ---------------------------------------------------
   for (int j = 0; j < n_mine; ++j) {
-    if constexpr (kHalves > 1) {
-      // Paired: tile j's copies by this lane have landed (tiles j + 1 .. j + kStages - 2 may be
-      // in flight), then the pair's barrier: the partner's copies of tile j are visible, and
-      // both warps are done reading tile j - 1, whose slot the issue below refills.
-      cp_async_wait<kStages - 2>();
-      named_barrier_sync(1 + tw, 64);
-    }
     // Refill the slot freed by tile j - 1 with tile j + kStages - 1 (its page ids were loaded
     // one iteration ago), then load the next tile's page ids while tile j computes.
     const i64 next_off = key_offset(next_key);
@@ -811,10 +771,8 @@ __device__ void flash_decode(const DecodeParams& dp) {
 #pragma unroll
     for (int i = 0; i + 1 < kStages - 1; ++i) no_key[i] = no_key[i + 1];
     no_key[kStages - 2] = __ballot_sync(0xffffffffu, next_off < 0) & 0xffffu;
-    if constexpr (kHalves == 1) {
-      cp_async_wait<kStages - 1>();  // tile j has landed (this lane's copies) ...
-      __syncwarp();                  // ... and every lane's copies are visible to the warp
-    }
+    cp_async_wait<kStages - 1>();  // tile j has landed (this lane's copies) ...
+    __syncwarp();                  // ... and every lane's copies are visible to the warp
 #if FA_DECODE_TIMELINE
     if (j == 0) FA_DECODE_STAMP(2);
 #endif
@@ -920,7 +878,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
         }
       }
     }
-    if constexpr (kHalves == 1) __syncwarp();  // every lane is done reading this slot before it is refilled
+    __syncwarp();  // every lane is done reading this slot before it is refilled
   }
 
   FA_DECODE_STAMP(3);
@@ -932,33 +890,33 @@ __device__ void flash_decode(const DecodeParams& dp) {
   for (int h = 0; h < 2; ++h) {
     const float l_warp = softmax.row_total(0, h);
     if (tq == 0) {
-      s_m[tw][hrow + ra + 8 * h] = softmax.row_max[0][h];
-      s_l[tw][hrow + ra + 8 * h] = l_warp;
+      s_m[warp][ra + 8 * h] = softmax.row_max[0][h];
+      s_l[warp][ra + 8 * h] = l_warp;
     }
   }
   __syncthreads();
   float row_m[2], row_l[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int r = hrow + ra + 8 * h;
+    const int r = ra + 8 * h;
     float mm = neg_inf();
 #pragma unroll
-    for (int w = 0; w < kTileWarps; ++w) mm = fmaxf(mm, s_m[w][r]);
+    for (int w = 0; w < kDecodeWarps; ++w) mm = fmaxf(mm, s_m[w][r]);
     const float shift_r = row_shift(mm, c);
     float ll = 0.f;
 #pragma unroll
-    for (int w = 0; w < kTileWarps; ++w) ll += s_l[w][r] * part_weight(s_m[w][r], c, shift_r);
+    for (int w = 0; w < kDecodeWarps; ++w) ll += s_l[w][r] * part_weight(s_m[w][r], c, shift_r);
     row_m[h] = mm;
     row_l[h] = ll;
     const float f = part_weight(softmax.row_max[0][h], c, shift_r);  // this warp's weight
     if constexpr (kFp8) {  // O's columns back in order (fp8_direct_column)
-      float* dst = merge + ((tw * kRows) + r) * Sm::kMergeRow;
+      float* dst = merge + ((warp * kDecodeRows) + r) * Sm::kMergeRow;
 #pragma unroll
       for (int n = 0; n < kDV / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 2; ++e) dst[fp8_direct_column(n, tq, e)] = o[0][n][2 * h + e] * f;
     } else {
-      float* dst = merge + ((tw * kRows) + r) * Sm::kMergeRow + 2 * tq;
+      float* dst = merge + ((warp * kDecodeRows) + r) * Sm::kMergeRow + 2 * tq;
 #pragma unroll
       for (int n = 0; n < kDV / 8; ++n) {
         dst[n * 8] = o[0][n][2 * h] * f;
@@ -966,11 +924,11 @@ __device__ void flash_decode(const DecodeParams& dp) {
       }
     }
   }
-  if (tw == 0 && tq == 0) {
+  if (warp == 0 && tq == 0) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      s_rowm[hrow + ra + 8 * h] = row_m[h];
-      s_rowl[hrow + ra + 8 * h] = row_l[h];
+      s_rowm[ra + 8 * h] = row_m[h];
+      s_rowl[ra + 8 * h] = row_l[h];
     }
   }
   __syncthreads();
@@ -978,7 +936,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
   // Sum the scaled warp partials, normalize, store (4 columns per thread per step).
   constexpr int kC4 = kDV / 4;
   const bool split_mode = dp.num_splits > 1;
-  for (int idx = tidx; idx < kRows * kC4; idx += kDecodeThreads) {
+  for (int idx = tidx; idx < kDecodeRows * kC4; idx += kDecodeThreads) {
     const int r = idx / kC4, d = (idx % kC4) * 4;
     const int pr = row0 + r;
     if (pr >= rows_total || d >= hd_v) continue;
@@ -996,8 +954,8 @@ __device__ void flash_decode(const DecodeParams& dp) {
     const float inv = empty ? 0.f : fold.o_scale * v_scale;  // v_scale: float8 V (else 1)
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int w = 0; w < kTileWarps; ++w) {
-      const float* src = merge + (w * kRows + r) * Sm::kMergeRow + d;
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float* src = merge + (w * kDecodeRows + r) * Sm::kMergeRow + d;
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[e] += src[e];
     }
@@ -1059,7 +1017,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
         cp.head_dim = hd;
         cp.num_splits = dp.num_splits;
         // This tile's packed rows, one (query, head) pair per warp.
-        for (int r = warp; r < kRows && row0 + r < rows_total; r += kDecodeWarps) {
+        for (int r = warp; r < kDecodeRows && row0 + r < rows_total; r += kDecodeWarps) {
           const int pr = row0 + r;
           merge_split_partials<Elem, kMergeLoads>(cp, q_start + pr / g, hk * g + pr % g, lane);
         }

@@ -18,14 +18,6 @@ partials (float32 O + LSE) are merged by the last split CTA of each tile in the 
 where :func:`fused_combine_applies` (dense decode launches), else by the combine kernel, which
 also serves :func:`merge_states` (``merge_attention_states`` on CuPy).
 
-Wide groups (:func:`decode_rows`): where a kv head has more than 16 packed rows (MQA 32/1, or
-GQA with several query tokens), 16-bit K/V and a head dim of at most 256, a paired kernel can
-take 32 rows per CTA: its warps w and w + 2 each compute 16 of them over the same key tiles,
-which the pair loads once into one shared ring -- where two 16-row CTAs each read every key
-(the second through L2) and each issued all of its copies.  Behind the switch
-``CUPY_FLASHATTN_SM90_DEFINES=FA_DECODE_PAIRED=1`` until a device run times it
-(:func:`paired_rows_enabled`).
-
 Instantiations: one decode kernel per (dtype, head-dim bucket 64/128/256/384/512) -- masks,
 softcap, ALiBi and paged addressing are run-time switches (the kernel waits on memory, not on
 ALU) -- plus one combine kernel and one rotary/append kernel (``kv_cache.cu``) with run-time
@@ -74,10 +66,6 @@ DECODE_BUCKETS = (64, 128, 256, 384, 512)
 # memory are read from the compiler (device_facts.py).
 DECODE_ROWS = 16
 DECODE_THREADS = 128
-#: Packed rows per CTA of the paired kernel (flash_decode<..., kHalves = 2>), and the buckets
-#: that have one (16-bit K/V only).
-DECODE_PAIRED_ROWS = 32
-PAIRED_BUCKETS = (64, 128, 256)
 
 DECODE_EXTRA = (
     ("float*", "oaccum"),
@@ -135,13 +123,11 @@ class DecodeKey:
     head_dim: int  # one of DECODE_BUCKETS
     arch: str = "sm80"  # kernel family (compile.ARCHS): cuda_src/<arch>/flash_decode.cu
     kv: str = ""  # "": K/V in dtype; "e4m3" / "e5m2": float8 K/V (FP8_KV_FORMATS)
-    rows: int = DECODE_ROWS  # packed rows per CTA: DECODE_ROWS, or DECODE_PAIRED_ROWS (decode_rows)
 
     @property
     def name(self) -> str:
         kv = f"_kv{self.kv}" if self.kv else ""
-        rows = f"_r{self.rows}" if self.rows != DECODE_ROWS else ""
-        return f"{family_prefix('decode', self.arch)}_{self.dtype}_d{self.head_dim}{kv}{rows}"
+        return f"{family_prefix('decode', self.arch)}_{self.dtype}_d{self.head_dim}{kv}"
 
     def __str__(self) -> str:
         return self.name
@@ -156,11 +142,6 @@ class DecodeKey:
         return decode_facts()[self.head_dim]["kMinBlocksFp8" if self.kv else "kMinBlocks"]
 
     @property
-    def smem_bytes(self) -> int:
-        """Dynamic shared memory of this kernel (:func:`smem_bytes`)."""
-        return smem_bytes(self.head_dim, self.kv, self.rows)
-
-    @property
     def v_splits(self) -> int:
         """CTAs per (tile, kv head, sequence), each with head_dim / v_splits V columns."""
         return decode_facts()[self.head_dim]["kVSplits"]
@@ -170,22 +151,10 @@ class DecodeKey:
         return min(255, 65536 // (DECODE_THREADS * self.min_blocks) // 8 * 8)
 
 
-def smem_bytes(bucket: int, kv: str = "", rows: int = DECODE_ROWS) -> int:
-    """Dynamic shared memory of the decode kernel (``fa::DecodeSmem<bucket, 2 or 1, halves>::kBytes``;
-    ``kv``: a float8 format, DecodeKey.kv; ``rows``: DecodeKey.rows)."""
-    if rows != DECODE_ROWS:
-        return decode_facts()[bucket]["kBytesPaired"]
+def smem_bytes(bucket: int, kv: str = "") -> int:
+    """Dynamic shared memory of the decode kernel (``fa::DecodeSmem<bucket, 2 or 1>::kBytes``;
+    ``kv``: a float8 format, DecodeKey.kv)."""
     return decode_facts()[bucket]["kBytesFp8" if kv else "kBytes"]
-
-
-def decode_rows(packed_rows: int, bucket: int, kv: str = "") -> int:
-    """Packed rows per CTA for ``packed_rows`` rows of one kv head (longest query x g):
-    DECODE_PAIRED_ROWS where more than one 16-row tile is needed, K/V are 16-bit, the bucket has
-    a paired kernel (:data:`PAIRED_BUCKETS`) and :func:`paired_rows_enabled`; else DECODE_ROWS."""
-    if (packed_rows > DECODE_ROWS and bucket in PAIRED_BUCKETS and not kv
-            and paired_rows_enabled()):
-        return DECODE_PAIRED_ROWS
-    return DECODE_ROWS
 
 
 def decode_bucket(head_dim: int) -> int:
@@ -208,13 +177,8 @@ def kv_format(kv_dtype, head_dim: int) -> str:
     return "e4m3" if np.dtype(kv_dtype) == fp8.FLOAT8_E4M3FN else "e5m2"
 
 
-def decode_shipped_keys(paired: bool | None = None) -> list:
-    """Every decode kernel the host may plan.  ``paired``: include the 32-row paired kernels
-    (default: :func:`paired_rows_enabled`, the switch that lets plans take them)."""
-    paired = paired_rows_enabled() if paired is None else paired
+def decode_shipped_keys() -> list:
     return ([DecodeKey(dt, d) for dt in ("f16", "bf16") for d in DECODE_BUCKETS]
-            + [DecodeKey(dt, d, rows=DECODE_PAIRED_ROWS) for dt in ("f16", "bf16")
-               for d in PAIRED_BUCKETS if paired]
             + [DecodeKey(dt, d, kv=kv) for dt in ("f16", "bf16") for d in FP8_KV_BUCKETS
                for kv in FP8_KV_FORMATS])
 
@@ -233,20 +197,16 @@ _EXTRA_NAMES = tuple(n for _, n in DECODE_EXTRA)
 def _decode_wrapper(key: DecodeKey) -> str:
     elem = "fa::Bf16" if key.dtype == "bf16" else "fa::F16"
     kv = FP8_KV_FORMATS[key.kv] if key.kv else "fa::KvSame"
-    halves = key.rows // DECODE_ROWS
-    # The 16-row kernels keep flash_decode's default kHalves (their text, so their cubins, as
-    # before the paired kernel).
-    paired = f", {halves}" if halves != 1 else ""
     return f"""
 static_assert(fa::kDecodeRows == {DECODE_ROWS} && fa::kDecodeWarps * 32 == {DECODE_THREADS} &&
-              fa::DecodeSmem<{key.head_dim}, {kv}::kBytes{paired}>::kBytes == {key.smem_bytes},
+              fa::DecodeSmem<{key.head_dim}, {kv}::kBytes>::kBytes == {smem_bytes(key.head_dim, key.kv)},
               "{key.name}: the host's launch geometry differs from flash_decode.cu");
 extern "C" __global__ void __launch_bounds__({DECODE_THREADS}, {key.min_blocks}) {key.name}(
     const fa_decode_args a) {{
   fa::DecodeParams dp;
 {DECODE_ARGS.assign("dp.f", names=_PARAM_NAMES)}
 {DECODE_ARGS.assign("dp", names=_EXTRA_NAMES)}
-  fa::flash_decode<{key.head_dim}, {elem}, {kv}{paired}>(dp);
+  fa::flash_decode<{key.head_dim}, {elem}, {kv}>(dp);
 }}
 """
 
@@ -279,7 +239,7 @@ def rope_source() -> str:
 
 def _decode_kernel(key: DecodeKey):
     return load_function(("decode", key), lambda: decode_source([key], combine=False), key.name,
-                         key.smem_bytes)
+                         smem_bytes(key.head_dim, key.kv))
 
 
 def _combine_kernel():
@@ -397,11 +357,10 @@ def plan(problem: AttentionProblem, len_q_max=None, sm_count=None):
     ``sm_count``: SMs of the GPU the split heuristic fills (default: the current device's)."""
     p = problem
     dt = kernel_dtype_tag(p.q.dtype)
-    bucket, kv = decode_bucket(p.head_dim), kv_format(p.kv_float8, p.head_dim)
+    key = DecodeKey(dt, decode_bucket(p.head_dim), kv=kv_format(p.kv_float8, p.head_dim))
     g = p.num_heads // p.num_heads_k
     longest = int(p.max_seqlen_q) if len_q_max is None else min(int(p.max_seqlen_q), int(len_q_max))
-    key = DecodeKey(dt, bucket, kv=kv, rows=decode_rows(longest * g, bucket, kv))
-    m_blocks = max(1, -(-longest * g // key.rows))
+    m_blocks = max(1, -(-longest * g // DECODE_ROWS))
     ctas = m_blocks * p.num_heads_k * key.v_splits * int(p.batch_size)
     if len_q_max is not None:
         return key, m_blocks, 1
@@ -419,7 +378,7 @@ def plan(problem: AttentionProblem, len_q_max=None, sm_count=None):
 
 
 def decode_grid(problem: AttentionProblem, m_blocks: int, splits: int, v_splits: int = 1) -> tuple:
-    """(splits x packed row tiles (DecodeKey.rows), kv heads x V-splits, batch): one CTA per tile of the
+    """(splits x packed 16-row tiles, kv heads x V-splits, batch): one CTA per tile of the
     packed (query, head) rows of one kv head of one sequence, per key split, and per V-split
     chunk of the head dim (384 / 512: blockIdx.y = kv head * v_splits + chunk)."""
     return (splits * m_blocks, problem.num_heads_k * v_splits, int(problem.batch_size))
@@ -437,13 +396,6 @@ def _switch(name: str, default: bool) -> bool:
         if n.strip() == name:
             on = value.strip() != "0"
     return on
-
-
-def paired_rows_enabled() -> bool:
-    """Whether plans may pick the paired 32-row kernel (:func:`decode_rows`): only where
-    $CUPY_FLASHATTN_SM90_DEFINES sets FA_DECODE_PAIRED=1 (a host-side switch: the kernels are
-    the same either way) until a device run decides."""
-    return _switch("FA_DECODE_PAIRED", False)
 
 
 def _fused_combine_built() -> bool:
@@ -478,7 +430,7 @@ class DecodePlan:
         self.key, self.m_blocks, self.splits = plan(p, len_q_max)
         self.compute_dtype = compute_dtype(self.key.dtype)
         self.kernel = _decode_kernel(self.key)
-        self.smem = self.key.smem_bytes
+        self.smem = smem_bytes(self.key.head_dim, self.key.kv)
         self.len_q_max = INT_MAX if len_q_max is None else int(len_q_max)
         self.grid = decode_grid(p, self.m_blocks, self.splits, self.key.v_splits)
         self.empty = not (p.total_q > 0 and p.batch_size > 0 and p.max_seqlen_q > 0)

@@ -34,10 +34,8 @@ __all__ = ["PREFILL_FACTS", "DECODE_FACTS", "prefill_facts", "decode_facts", "tr
 PREFILL_FACTS = ("kHeadDim", "kBlockM", "kBlockN", "kNWarps", "kMinBlocksPerSm", "kQInRegs",
                  "kStages", "kSmemBytes", "kVSplits")
 #: Members of ``fa::DecodeTraits<D>`` then ``fa::DecodeSmem<D>`` the host reads; kBytesFp8 is
-#: ``fa::DecodeSmem<D, 1>::kBytes`` (float8 K/V), kMinBlocksFp8 its CTAs per SM, kBytesPaired
-#: ``fa::DecodeSmem<D, 2, 2>::kBytes`` (the paired 32-row kernel, decode.DECODE_PAIRED_ROWS).
-DECODE_FACTS = ("kStages", "kMinBlocks", "kBytes", "kVSplits", "kBytesFp8", "kMinBlocksFp8",
-                "kBytesPaired")
+#: ``fa::DecodeSmem<D, 1>::kBytes`` (float8 K/V), kMinBlocksFp8 its CTAs per SM.
+DECODE_FACTS = ("kStages", "kMinBlocks", "kBytes", "kVSplits", "kBytesFp8", "kMinBlocksFp8")
 
 _ARRAY_RE = re.compile(r"fa_facts\[(\d+)\]\s*=\s*\{([^}]*)\}")
 
@@ -77,10 +75,7 @@ def _disk_cache() -> Path:
 
     from .compile import _tuning_defines
 
-    # The switches, and the facts asked for: a host that asks for a new fact (DECODE_FACTS grew)
-    # must not read an older table written for the same kernel sources.
-    asked = " ".join(_tuning_defines()) + "|" + " ".join(PREFILL_FACTS + DECODE_FACTS)
-    tuning = hashlib.sha256(asked.encode()).hexdigest()[:8]
+    tuning = hashlib.sha256(" ".join(_tuning_defines()).encode()).hexdigest()[:8]
     return Path(root) / f"cupy_flashattn_device_facts_{source_hash()}_{tuning}.json"
 
 
@@ -116,7 +111,6 @@ def _facts_for(tuning: tuple) -> dict:
     exprs += [f"fa::DecodeTraits<{d}>::kVSplits" for d in DECODE_BUCKETS]
     exprs += [f"fa::DecodeSmem<{d}, 1>::kBytes" for d in DECODE_BUCKETS]
     exprs += [f"fa::DecodeTraits<{d}>::kMinBlocksFp8" for d in DECODE_BUCKETS]
-    exprs += [f"fa::DecodeSmem<{d}, 2, 2>::kBytes" for d in DECODE_BUCKETS]
     vals = _evaluate(build_source("sm80/flash_decode.cu"), exprs)
     k = len(DECODE_BUCKETS)
     decode = {d: dict(zip(DECODE_FACTS, vals[i::k])) for i, d in enumerate(DECODE_BUCKETS)}
