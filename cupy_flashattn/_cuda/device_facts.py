@@ -75,7 +75,10 @@ def _disk_cache() -> Path:
 
     from .compile import _tuning_defines
 
-    tuning = hashlib.sha256(" ".join(_tuning_defines()).encode()).hexdigest()[:8]
+    # The switches, and the facts asked for: a host that asks for a new fact (DECODE_FACTS grew)
+    # must not read an older table written for the same kernel sources.
+    asked = " ".join(_tuning_defines()) + "|" + " ".join(PREFILL_FACTS + DECODE_FACTS)
+    tuning = hashlib.sha256(asked.encode()).hexdigest()[:8]
     return Path(root) / f"cupy_flashattn_device_facts_{source_hash()}_{tuning}.json"
 
 
