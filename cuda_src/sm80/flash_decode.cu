@@ -21,7 +21,7 @@
 // Outputs: num_splits == 1 -> out (16-bit) + lse (H, total_q) directly (a row with no visible
 // key: out 0, lse +inf).  num_splits > 1 -> float32 partial O (normalized) into
 // oaccum (num_splits, total_q, H, D) and lse_accum (num_splits, H, total_q); an empty split
-// writes lse -inf and no O (the combine kernel never reads the O of a -inf split).
+// writes lse -inf and O = 0 (the merges give a -inf split weight 0; they load its O anyway).
 // Non-finite scores (NaN q / k / ALiBi slope, an inf in k): as in softmax.cuh, a NaN or +inf
 // score gives p = NaN, hence l = NaN and O = NaN; the row (or split) then reports out NaN and
 // lse NaN -- never the empty marker, which is l == 0 exactly -- and the combine keeps it NaN.
@@ -420,7 +420,8 @@ __device__ __forceinline__ void merge_split_partials(const CombineParams& c, int
 #pragma unroll
     for (int j = 0; j < kLoads; ++j) {
       // A partial without keys (lse +-inf; also the slots past the splits) adds exactly 0,
-      // whatever its never-written O holds; a NaN lse weighs NaN.
+      // whatever its O holds (zeros from the decode kernel; merge_attention_states' inputs may
+      // hold anything); a NaN lse weighs NaN.
       const bool keys = partial_has_keys(l[j]);
       const float w = keys ? part_weight(l[j], kLog2e, t.lse_log2) : 0.f;
       const float4 v = keys ? make_float4(w * o[j].x, w * o[j].y, w * o[j].z, w * o[j].w)
@@ -960,16 +961,18 @@ __device__ void flash_decode(const DecodeParams& dp) {
       for (int e = 0; e < 4; ++e) acc[e] += src[e];
     }
     const float lse = fold.lse;
+    if (empty) acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
     if (split_mode) {
-      if (!empty) {  // an empty split writes no O: its lse -inf gives it weight 0
-        float* dst = dp.oaccum + (((i64)split * p.total_q + qrow) * p.num_heads + head) * hd + v_col0 + d;
-        asm volatile("st.global.v4.f32 [%0], {%1,%2,%3,%4};" ::"l"(dst), "f"(acc[0] * inv),
-                     "f"(acc[1] * inv), "f"(acc[2] * inv), "f"(acc[3] * inv) : "memory");
-      }
+      // An empty split's O is stored too, as zeros: its lse -inf already gives it weight 0, but
+      // the merge loads every split's O before it knows the weights (merge_split_partials), and
+      // a never-written O was a read of uninitialized memory (compute-sanitizer initcheck, stop
+      // 42: 3790 reports on the sanitize cases).
+      float* dst = dp.oaccum + (((i64)split * p.total_q + qrow) * p.num_heads + head) * hd + v_col0 + d;
+      asm volatile("st.global.v4.f32 [%0], {%1,%2,%3,%4};" ::"l"(dst), "f"(acc[0] * inv),
+                   "f"(acc[1] * inv), "f"(acc[2] * inv), "f"(acc[3] * inv) : "memory");
       if (d == 0 && v_col0 == 0) dp.lse_accum[((i64)split * p.num_heads + head) * p.total_q + qrow] = lse;
     } else {
       u16* dst = p.o + (i64)qrow * p.o_row_stride + (i64)head * p.o_head_stride + v_col0 + d;
-      if (empty) acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
       const u32 lo2 = Elem::pack(acc[0] * inv, acc[1] * inv), hi2 = Elem::pack(acc[2] * inv, acc[3] * inv);
       asm volatile("st.global.v2.b32 [%0], {%1,%2};" ::"l"(dst), "r"(lo2), "r"(hi2) : "memory");
       if (d == 0 && v_col0 == 0) p.lse[(i64)head * p.lse_head_stride + qrow] = lse;
