@@ -138,14 +138,40 @@ struct DecodeParams {
 #ifndef FA_DECODE_FP8_CTAS_D256
 #define FA_DECODE_FP8_CTAS_D256 2
 #endif
+// FA_DECODE_TILE32_D128 (A/B switch, 0): the 16-bit D = 128 kernel takes 32-key warp tiles
+// (kTileN) -- S is 16 x 32, four n-tiles of independent mma chains, and the softmax's row
+// reductions, the mask / logit tests and the loop's integer work come once per 32 keys -- with
+// FA_DECODE_TILE32_STAGES ring slots (2: 132 KB a CTA, one CTA of 4 warps per SM, which also
+// fits an A100).  cuDNN's MQA decode kernel (stop 40's Nsight Compute) runs one such CTA per
+// SM at ~300 instructions per 16 keys and 16 rows against our ~630 (MQA 32/1: 52.9 against 66.4
+// us).  Float8 K/V keep 16-key tiles.
+#ifndef FA_DECODE_TILE32_D128
+#define FA_DECODE_TILE32_D128 0
+#endif
+#ifndef FA_DECODE_TILE32_STAGES
+#define FA_DECODE_TILE32_STAGES 2
+#endif
 template <int kD> struct DecodeTraits;
 struct DecodeTraitsBase { static constexpr int kVSplits = 1; };
 template <> struct DecodeTraits<64> : DecodeTraitsBase { static constexpr int kStages = 4, kMinBlocks = 3, kMinBlocksFp8 = FA_DECODE_FP8_CTAS_D64; };  // 66 KB/CTA; float8 35 KB
+#if FA_DECODE_TILE32_D128
+// The 16-bit kernel: 32-key tiles (DecodeTile), one CTA per SM; float8 K/V keep 16-key tiles
+// and kStages = 3 slots, 52 KB a CTA.
+template <> struct DecodeTraits<128> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 1, kMinBlocksFp8 = FA_DECODE_FP8_CTAS_D128; };
+#else
 template <> struct DecodeTraits<128> : DecodeTraitsBase { static constexpr int kStages = FA_DECODE_STAGES_D128, kMinBlocks = FA_DECODE_CTAS_D128, kMinBlocksFp8 = FA_DECODE_FP8_CTAS_D128; };  // 100 KB/CTA; float8 52 KB
+#endif
 template <> struct DecodeTraits<256> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 1, kMinBlocksFp8 = FA_DECODE_FP8_CTAS_D256; };  // 200 KB/CTA; float8 104 KB
 // 2 stages: 3 would pass the 227 KB limit (384: 228 KB).  512: 208 KB/CTA; 384: 156 KB/CTA.
 template <> struct DecodeTraits<384> { static constexpr int kStages = 2, kMinBlocks = 1, kMinBlocksFp8 = 0, kVSplits = 2; };
 template <> struct DecodeTraits<512> { static constexpr int kStages = 2, kMinBlocks = 1, kMinBlocksFp8 = 0, kVSplits = 2; };
+// A kernel's warp tile: kN keys (float8 K/V and the V-split buckets: 16) and kStages ring slots.
+template <int kD, int kKvBytes>
+struct DecodeTile {
+  static constexpr bool kWide = kKvBytes == 2 && kD == 128 && FA_DECODE_TILE32_D128;
+  static constexpr int kN = kWide ? 32 : 16;
+  static constexpr int kStages = kWide ? FA_DECODE_TILE32_STAGES : DecodeTraits<kD>::kStages;
+};
 
 // The K / V ring holds unpadded rows (kD or kDV elements of kKvBytes bytes: 2, or 1 for
 // float8, which ldmatrix reads directly) whose 16-byte chunks are XOR-swizzled by row
@@ -164,12 +190,12 @@ struct DecodeSmem {
   static constexpr int kQBytes = kDecodeRows * kQRowBytes;
   static constexpr int kRowBytesK = kD * kKvBytes;    // ring rows, unpadded (ring_offset)
   static constexpr int kRowBytesV = kDV * kKvBytes;
-  static constexpr int kRingTileBytes = kDecodeTileN * kRowBytesK;
-  static constexpr int kRingTileBytesV = kDecodeTileN * kRowBytesV;
+  static constexpr int kRingTileBytes = DecodeTile<kD, kKvBytes>::kN * kRowBytesK;
+  static constexpr int kRingTileBytesV = DecodeTile<kD, kKvBytes>::kN * kRowBytesV;
   static_assert(kQBytes % 128 == 0 && kRingTileBytes % 128 == 0 && kRingTileBytesV % 128 == 0,
                 "ring tiles start on 128-byte lines");
   static constexpr int kStageBytes = kRingTileBytes + kRingTileBytesV;  // K then V
-  static constexpr int kWarpBytes = DecodeTraits<kD>::kStages * kStageBytes;
+  static constexpr int kWarpBytes = DecodeTile<kD, kKvBytes>::kStages * kStageBytes;
   static constexpr int kMergeRow = kDV + 8;  // floats per row of the cross-warp merge buffer
   static constexpr int kMergeBytes = kDecodeWarps * kDecodeRows * kMergeRow * 4;
   static constexpr int kRingBytes = kDecodeWarps * kWarpBytes;
@@ -494,7 +520,11 @@ __device__ void flash_decode(const DecodeParams& dp) {
   constexpr bool kFp8 = Kv::kBytes == 1;
   // The tensor-core type: the query's, or float16 for float8 K/V (see the file comment).
   using Mma = conditional_t<kFp8, F16, Elem>;
-  constexpr int kStages = DecodeTraits<kD>::kStages;
+  constexpr int kStages = DecodeTile<kD, Kv::kBytes>::kStages;
+  // Keys per warp tile (DecodeTile: 16, or 32 with FA_DECODE_TILE32_D128), its n8 tiles, and
+  // the ballot bits of its keys.
+  constexpr int kTileN = DecodeTile<kD, Kv::kBytes>::kN, kNT = kTileN / 8;
+  constexpr unsigned kKeyBits = kTileN == 32 ? 0xffffffffu : 0xffffu;
   constexpr int kChunks = kD / 8;  // 16-byte chunks per row (bucket width)
   constexpr int kChunks8 = kD / 16;  // 16-byte chunks per float8 row
   constexpr int kVSplits = DecodeTraits<kD>::kVSplits, kDV = Sm::kDV, kChunksV = kDV / 8;
@@ -543,8 +573,8 @@ __device__ void flash_decode(const DecodeParams& dp) {
   // sequence's 16-key tiles.
   const int i_lo = row0 / g, i_hi = (imin(row0 + kDecodeRows, rows_total) - 1) / g;
   int n_lo, n_hi;
-  window.template tile_range<kDecodeTileN>(i_lo, i_hi, n_lo, n_hi);
-  const int n_tiles = ceil_div(len_k, kDecodeTileN);
+  window.template tile_range<kTileN>(i_lo, i_hi, n_lo, n_hi);
+  const int n_tiles = ceil_div(len_k, kTileN);
   const int per_split = ceil_div(n_tiles, dp.num_splits);
   const int t_begin = imax(split * per_split, n_lo);
   const int t_end = imin(imin(n_tiles, (split + 1) * per_split), n_hi);
@@ -588,7 +618,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
                         p.k_row_stride);
   struct KeyRef { int pos, id; };
   auto key_ref = [&](int t) -> KeyRef {
-    const int pos = t * kDecodeTileN + (lane & 15);
+    const int pos = t * kTileN + (lane & (kTileN - 1));
     if (t >= t_end || pos >= len_k) return {-1, 0};
     return {pos, dp.paged ? pages.page_id(pos) : 0};
   };
@@ -631,7 +661,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
       static_assert(32 % kChunks == 0, "lean issue: a lane keeps one chunk column");
       const char* row = off >= 0 ? k_head_bytes + 2 * off : nullptr;
 #pragma unroll
-      for (int i = 0; i < kChunks / 2; ++i) {
+      for (int i = 0; i < kChunks * kTileN / 32; ++i) {
         const int r = lane_row0 + (32 / kChunks) * i;
         const char* key = reinterpret_cast<const char*>(
             __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(row), r));
@@ -679,7 +709,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
     const i64 off = key_offset(first_keys[j]);
     if (j < n_mine) issue(j, off);
     cp_async_commit();  // always commit: group counting stays uniform
-    no_key[j] = __ballot_sync(0xffffffffu, off < 0) & 0xffffu;
+    no_key[j] = __ballot_sync(0xffffffffu, off < 0) & kKeyBits;
   }
   KeyRef next_key = first_keys[kStages - 1];  // page ids one issue ahead
 
@@ -771,7 +801,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
     const unsigned tile_no_key = no_key[0];  // tile j's
 #pragma unroll
     for (int i = 0; i + 1 < kStages - 1; ++i) no_key[i] = no_key[i + 1];
-    no_key[kStages - 2] = __ballot_sync(0xffffffffu, next_off < 0) & 0xffffu;
+    no_key[kStages - 2] = __ballot_sync(0xffffffffu, next_off < 0) & kKeyBits;
     cp_async_wait<kStages - 1>();  // tile j has landed (this lane's copies) ...
     __syncwarp();                  // ... and every lane's copies are visible to the warp
 #if FA_DECODE_TIMELINE
@@ -782,7 +812,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
 
     // S = Q K^T (16 rows x 16 keys: n-tile 0 keys 0-7, 1 keys 8-15); k-steps past the head dim
     // are skipped (uniform branch).
-    float s[1][2][4];
+    float s[1][kNT][4];
     zero_fragments(s);
     if constexpr (kFp8) {
       // Two k-steps per ldmatrix: kb[0] / kb[1] keys 0-7 / 8-15 of k-step 2 kk2, kb[2] / kb[3]
@@ -809,11 +839,15 @@ __device__ void flash_decode(const DecodeParams& dp) {
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) {
         if (kk * 16 < hd) {
-          u32 qa[4], kb[4];
+          u32 qa[4];
           ldmatrix_x4(qa, q_smem + lrow_q + kk * 32);
-          ldmatrix_x4(kb, ks + ring_offset<Sm::kRowBytesK>(lr, 2 * kk + lhi));
-          Mma::mma(s[0][0], qa, kb[0], kb[2]);  // keys 0-7
-          Mma::mma(s[0][1], qa, kb[1], kb[3]);  // keys 8-15
+#pragma unroll
+          for (int k16 = 0; k16 < kTileN / 16; ++k16) {  // keys 16 k16 .. 16 k16 + 15
+            u32 kb[4];
+            ldmatrix_x4(kb, ks + ring_offset<Sm::kRowBytesK>(16 * k16 + lr, 2 * kk + lhi));
+            Mma::mma(s[0][2 * k16], qa, kb[0], kb[2]);      // keys 0-7 of the 16
+            Mma::mma(s[0][2 * k16 + 1], qa, kb[1], kb[3]);  // keys 8-15
+          }
         }
       }
     }
@@ -825,30 +859,36 @@ __device__ void flash_decode(const DecodeParams& dp) {
     }
 
     // The logit variant and the mask, each row at its own query index, then online softmax.
-    const int col0 = t * kDecodeTileN + 2 * tq;
+    const int col0 = t * kTileN + 2 * tq;
     if (!plain)
       xform.apply(s, [&](int, int h) { return qi[h]; }, [&](int, int h) { return slope[h]; }, col0);
     // The mask (window and sequence end), skipped on a plain tile inside every row's keys;
     // then, in a tile with a key that has no row (the sequence's last tile, or an absent
     // page: rare), those keys' columns.  Warp-uniform branches.  (The key bits folded into
     // mask_fragment's own test instead cost the default build ~30 instructions a tile.)
-    const int key0 = t * kDecodeTileN;
-    if (!plain || key0 < free_lo || key0 + kDecodeTileN - 1 > free_hi)
+    const int key0 = t * kTileN;
+    if (!plain || key0 < free_lo || key0 + kTileN - 1 > free_hi)
       mask_fragment(s, [&](int, int h, int& lo, int& hi) { lo = first[h]; hi = last[h]; }, col0, 0u);
     if (tile_no_key != 0u) {
       // mask.cuh's absent-key bits (2 nt + e: this lane's keys 8 nt + 2 tq + e), every row's
       // range unbounded: only those columns change.
-      mask_fragment(s, [](int, int, int& lo, int& hi) { lo = 0; hi = 0x7fffffff; }, col0,
-                    ((tile_no_key >> (2 * tq)) & 3u) | (((tile_no_key >> (8 + 2 * tq)) & 3u) << 2));
+      unsigned bits = ((tile_no_key >> (2 * tq)) & 3u) | (((tile_no_key >> (8 + 2 * tq)) & 3u) << 2);
+#pragma unroll
+      for (int nt = 2; nt < kNT; ++nt) bits |= ((tile_no_key >> (8 * nt + 2 * tq)) & 3u) << (2 * nt);
+      mask_fragment(s, [](int, int, int& lo, int& hi) { lo = 0; hi = 0x7fffffff; }, col0, bits);
     }
     softmax.update(s, o, c);  // s now holds P
 
-    // O += P V: the S accumulators of keys 0-7 / 8-15 are the A fragment of P (16 x 16).
-    u32 pa[4];
-    pa[0] = Mma::pack(s[0][0][0], s[0][0][1]);
-    pa[1] = Mma::pack(s[0][0][2], s[0][0][3]);
-    pa[2] = Mma::pack(s[0][1][0], s[0][1][1]);
-    pa[3] = Mma::pack(s[0][1][2], s[0][1][3]);
+    // O += P V: the S accumulators of keys 0-7 / 8-15 of each 16 keys k16 are the A fragment
+    // of P (16 x 16) for that k-step.
+    u32 pa[kTileN / 16][4];
+#pragma unroll
+    for (int k16 = 0; k16 < kTileN / 16; ++k16) {
+      pa[k16][0] = Mma::pack(s[0][2 * k16][0], s[0][2 * k16][1]);
+      pa[k16][1] = Mma::pack(s[0][2 * k16][2], s[0][2 * k16][3]);
+      pa[k16][2] = Mma::pack(s[0][2 * k16 + 1][0], s[0][2 * k16 + 1][1]);
+      pa[k16][3] = Mma::pack(s[0][2 * k16 + 1][2], s[0][2 * k16 + 1][3]);
+    }
     if constexpr (kFp8) {
       // vb[0] / vb[1]: keys 0-7 / 8-15 of columns 32 dd2 .. + 15; vb[2] / vb[3] of the next 16.
 #pragma unroll
@@ -862,8 +902,8 @@ __device__ void flash_decode(const DecodeParams& dp) {
             if (b * 16 < hd_v) {
               const u32 lo = pair_keys_per_column(vb[2 * half]);
               const u32 hi = pair_keys_per_column(vb[2 * half + 1]);
-              Mma::mma(o[0][2 * b], pa, Kv::template to_f16x2<0>(lo), Kv::template to_f16x2<0>(hi));
-              Mma::mma(o[0][2 * b + 1], pa, Kv::template to_f16x2<1>(lo), Kv::template to_f16x2<1>(hi));
+              Mma::mma(o[0][2 * b], pa[0], Kv::template to_f16x2<0>(lo), Kv::template to_f16x2<0>(hi));
+              Mma::mma(o[0][2 * b + 1], pa[0], Kv::template to_f16x2<1>(lo), Kv::template to_f16x2<1>(hi));
             }
           }
         }
@@ -872,10 +912,13 @@ __device__ void flash_decode(const DecodeParams& dp) {
 #pragma unroll
       for (int dd = 0; dd < kDV / 16; ++dd) {
         if (dd * 16 < hd_v) {
-          u32 vb[4];
-          ldmatrix_x4_trans(vb, vs + ring_offset<Sm::kRowBytesV>(lr, 2 * dd + lhi));
-          Mma::mma(o[0][2 * dd], pa, vb[0], vb[1]);
-          Mma::mma(o[0][2 * dd + 1], pa, vb[2], vb[3]);
+#pragma unroll
+          for (int k16 = 0; k16 < kTileN / 16; ++k16) {
+            u32 vb[4];
+            ldmatrix_x4_trans(vb, vs + ring_offset<Sm::kRowBytesV>(16 * k16 + lr, 2 * dd + lhi));
+            Mma::mma(o[0][2 * dd], pa[k16], vb[0], vb[1]);
+            Mma::mma(o[0][2 * dd + 1], pa[k16], vb[2], vb[3]);
+          }
         }
       }
     }
