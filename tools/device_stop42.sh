@@ -29,11 +29,11 @@ for defs in "" "$T32"; do
   done
 done
 tar -C "$OUT" -czf "$OUT/dec_timing.tgz" dec
-DTESTS="tests/gpu/test_gpu_decode.py tests/test_decode_steps.py tests/gpu/test_gpu_fp8_decode.py tests/gpu/test_gpu_decode_kvcache.py"
+DTESTS="tests/gpu/test_gpu_decode.py tests/test_decode_steps.py tests/gpu/test_gpu_fp8_decode.py tests/gpu/test_gpu_fp8_api.py tests/gpu/test_gpu_frontend.py tests/gpu/test_gpu_mixed.py"
 for defs in "" "$T32"; do
   stamp "decode tests [${defs:-default}]"
   CUPY_FLASHATTN_SM90_DEFINES=$defs OUT="$L/tests_${defs:+t32}" PRECOMPILE=0 N=5 PYTEST_TIMEOUT=150 \
-    TESTS="$(ls $DTESTS 2>/dev/null | tr '\n' ' ')" bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 8
+    TESTS="$DTESTS" bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 8
 done
 tar -C "$OUT" -czf "$OUT/dec_tests.tgz" dec
 stamp "sanitizers, every case [default]"
