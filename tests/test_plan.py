@@ -43,11 +43,37 @@ def test_small_decode_runs_the_decode_kernel_split_to_fill_the_gpu():
     p = _problem(B=1, max_q=1, max_k=4096)
     assert route(p) == ("decode", None)
     (launch,) = describe_launches(p, sm_count=H100_SMS, device_cc=80)
-    assert launch["kernel"] == "fa_decode_f16_d128" and launch["arch"] == "sm80"
+    # GQA 32/8 at D = 128: one 16-row tile a kv head, so the 32-key kernel (one CTA per SM).
+    assert launch["kernel"] == "fa_decode_f16_d128_t32" and launch["arch"] == "sm80"
     # 1 packed 16-row tile x 8 kv heads x 1 sequence = 8 CTAs: split the 4096 keys.
-    assert launch["splits"] == dc.num_splits_heuristic(8, 4096, H100_SMS, 2) > 1
+    assert launch["splits"] == dc.num_splits_heuristic(8, 4096, H100_SMS, 1) > 1
     assert launch["grid"] == (launch["splits"], 8, 1)
-    assert launch["block"] == (dc.DECODE_THREADS,) and launch["smem"] == dc.smem_bytes(128)
+    assert launch["block"] == (dc.DECODE_THREADS,) and launch["smem"] == dc.smem_bytes(128, tile=32)
+
+
+@pytest.mark.parametrize("H,Hk,D,fp8,switch,tile", [
+    (32, 8, 128, False, "", 32), (8, 8, 128, False, "", 32), (16, 1, 128, False, "", 32),
+    (32, 1, 128, False, "", 16),  # MQA: two 16-row tiles a kv head
+    (32, 8, 64, False, "", 16), (32, 8, 256, False, "", 16),  # no 32-key kernel there
+    (32, 8, 128, True, "", 16),  # float8 K/V keep 16-key tiles
+    (32, 8, 128, False, "FA_DECODE_TILE32=0", 16),  # the A/B baseline
+])
+def test_decode_key_tiles(H, Hk, D, fp8, switch, tile, monkeypatch):
+    """32-key warp tiles where a kv head has at most 16 packed rows, K/V are 16-bit and the head
+    dim is 128 (decode.decode_tile); the key's own kernel, CTAs per SM and shared memory."""
+    from cupy_flashattn import fp8 as f8
+
+    monkeypatch.setenv("CUPY_FLASHATTN_SM90_DEFINES", switch)
+    p = _problem(B=4, max_q=1, max_k=4096, H=H, Hk=Hk, D=D, paged=True)
+    if fp8:
+        p.k = p.v = np.zeros(p.k.shape, f8.FLOAT8_E4M3FN)
+    key, m_blocks, splits = dc.plan(p, sm_count=H100_SMS)
+    assert key.tile == tile and ("_t32" in key.name) == (tile == 32)
+    (launch,) = describe_launches(p, sm_count=H100_SMS, device_cc=90)
+    assert launch["kernel"] == key.name and launch["smem"] == key.smem_bytes
+    if tile == 32:
+        assert key.min_blocks == 1 and key.smem_bytes == dc.smem_bytes(128, tile=32)
+        assert splits == dc.num_splits_heuristic(Hk * 4, 4096, H100_SMS, 1)
 
 
 def test_large_decode_batch_is_not_split_and_explicit_splits_win():
@@ -118,11 +144,12 @@ def test_wide_groups_take_several_16_row_tiles(H, Hk, max_q, D):
     p = _problem(B=4, max_q=max_q, max_k=4096, H=H, Hk=Hk, D=D, paged=True)
     assert route(p) == ("decode", None)
     key, m_blocks, splits = dc.plan(p, sm_count=H100_SMS)
-    assert key == dc.DecodeKey("f16", dc.decode_bucket(D))
-    assert m_blocks == -(-max_q * (H // Hk) // 16)
+    m = -(-max_q * (H // Hk) // 16)
+    assert key == dc.DecodeKey("f16", dc.decode_bucket(D), tile=dc.decode_tile(m, dc.decode_bucket(D)))
+    assert m_blocks == m
     (launch,) = describe_launches(p, sm_count=H100_SMS, device_cc=90)
     assert launch["kernel"] == key.name and launch["grid"] == (splits * m_blocks, Hk, 4)
-    assert launch["smem"] == dc.smem_bytes(key.head_dim)
+    assert launch["smem"] == key.smem_bytes
 
 
 def test_float8_mqa_takes_two_16_row_tiles():

@@ -138,39 +138,34 @@ struct DecodeParams {
 #ifndef FA_DECODE_FP8_CTAS_D256
 #define FA_DECODE_FP8_CTAS_D256 2
 #endif
-// FA_DECODE_TILE32_D128 (A/B switch, 0): the 16-bit D = 128 kernel takes 32-key warp tiles
-// (kTileN) -- S is 16 x 32, four n-tiles of independent mma chains, and the softmax's row
-// reductions, the mask / logit tests and the loop's integer work come once per 32 keys -- with
-// FA_DECODE_TILE32_STAGES ring slots (2: 132 KB a CTA, one CTA of 4 warps per SM, which also
-// fits an A100).  cuDNN's MQA decode kernel (stop 40's Nsight Compute) runs one such CTA per
-// SM at ~300 instructions per 16 keys and 16 rows against our ~630 (MQA 32/1: 52.9 against 66.4
-// us).  Float8 K/V keep 16-key tiles.
-#ifndef FA_DECODE_TILE32_D128
-#define FA_DECODE_TILE32_D128 0
-#endif
+// FA_DECODE_TILE32_STAGES (2): ring slots of the 32-key kernels (DecodeTile; 3 measured slower
+// in stop 42).
 #ifndef FA_DECODE_TILE32_STAGES
 #define FA_DECODE_TILE32_STAGES 2
 #endif
 template <int kD> struct DecodeTraits;
 struct DecodeTraitsBase { static constexpr int kVSplits = 1; };
 template <> struct DecodeTraits<64> : DecodeTraitsBase { static constexpr int kStages = 4, kMinBlocks = 3, kMinBlocksFp8 = FA_DECODE_FP8_CTAS_D64; };  // 66 KB/CTA; float8 35 KB
-#if FA_DECODE_TILE32_D128
-// The 16-bit kernel: 32-key tiles (DecodeTile), one CTA per SM; float8 K/V keep 16-key tiles
-// and kStages = 3 slots, 52 KB a CTA.
-template <> struct DecodeTraits<128> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 1, kMinBlocksFp8 = FA_DECODE_FP8_CTAS_D128; };
-#else
 template <> struct DecodeTraits<128> : DecodeTraitsBase { static constexpr int kStages = FA_DECODE_STAGES_D128, kMinBlocks = FA_DECODE_CTAS_D128, kMinBlocksFp8 = FA_DECODE_FP8_CTAS_D128; };  // 100 KB/CTA; float8 52 KB
-#endif
 template <> struct DecodeTraits<256> : DecodeTraitsBase { static constexpr int kStages = 3, kMinBlocks = 1, kMinBlocksFp8 = FA_DECODE_FP8_CTAS_D256; };  // 200 KB/CTA; float8 104 KB
 // 2 stages: 3 would pass the 227 KB limit (384: 228 KB).  512: 208 KB/CTA; 384: 156 KB/CTA.
 template <> struct DecodeTraits<384> { static constexpr int kStages = 2, kMinBlocks = 1, kMinBlocksFp8 = 0, kVSplits = 2; };
 template <> struct DecodeTraits<512> { static constexpr int kStages = 2, kMinBlocks = 1, kMinBlocksFp8 = 0, kVSplits = 2; };
-// A kernel's warp tile: kN keys (float8 K/V and the V-split buckets: 16) and kStages ring slots.
-template <int kD, int kKvBytes>
+// A kernel's warp tile of kTileN keys: its ring slots and CTAs per SM.  16 keys: the bucket's
+// traits.  32 keys (16-bit K/V, head dim 128; decode.py DecodeKey.tile, taken where a kv head
+// has at most 16 packed rows): S is 16 x 32, four n-tiles of independent mma chains, and the
+// softmax's row reductions, the mask / logit tests and the loop's integer work come once per
+// 32 keys; FA_DECODE_TILE32_STAGES slots (2: 132 KB, one CTA of 4 warps per SM, which an A100
+// fits too).  H100, stop 42, kernel time, GQA 32/8 page 16: B = 1 ctx 32768 58.9 -> 56.4 us,
+// B = 16 ctx 16384 361.3 -> 353.8, B = 64 ctx 4096 355.2 / 355.9; but MQA 32/1 (two 16-row
+// tiles a kv head) B = 64 65.4 -> 69.6 and B = 16 66.3 -> 77.3 (4 warps per SM where the
+// 16-key kernel has 8), so wide groups keep 16-key tiles.  cuDNN's decode kernel runs one CTA
+// of 4 warps per SM at ~300 instructions per 16 keys and 16 rows (stop 40's Nsight Compute).
+template <int kD, int kKvBytes, int kTileN>
 struct DecodeTile {
-  static constexpr bool kWide = kKvBytes == 2 && kD == 128 && FA_DECODE_TILE32_D128;
-  static constexpr int kN = kWide ? 32 : 16;
-  static constexpr int kStages = kWide ? FA_DECODE_TILE32_STAGES : DecodeTraits<kD>::kStages;
+  static_assert(kTileN == 16 || (kTileN == 32 && kKvBytes == 2 && kD == 128), "32-key tiles: 16-bit K/V, D = 128");
+  static constexpr int kStages = kTileN == 32 ? FA_DECODE_TILE32_STAGES : DecodeTraits<kD>::kStages;
+  static constexpr int kMinBlocks = kTileN == 32 ? 1 : DecodeTraits<kD>::kMinBlocks;
 };
 
 // The K / V ring holds unpadded rows (kD or kDV elements of kKvBytes bytes: 2, or 1 for
@@ -183,19 +178,19 @@ struct DecodeTile {
 // requests, a third of them for sectors already requested; cuDNN's decode kernel, 33.6 M in
 // whole 128-byte requests) and 86% L2 throughput (stop 36, H100).  Swizzled: 33.6 M sectors,
 // at the same kernel time (L2 was busy, not the limit).  Q keeps padded rows (read once).
-template <int kD, int kKvBytes = 2>
+template <int kD, int kKvBytes = 2, int kTileN = 16>
 struct DecodeSmem {
   static constexpr int kDV = kD / DecodeTraits<kD>::kVSplits;  // V / O columns of a CTA
   static constexpr int kQRowBytes = (kD + 8) * 2;  // Q rows, padded by 16 bytes
   static constexpr int kQBytes = kDecodeRows * kQRowBytes;
   static constexpr int kRowBytesK = kD * kKvBytes;    // ring rows, unpadded (ring_offset)
   static constexpr int kRowBytesV = kDV * kKvBytes;
-  static constexpr int kRingTileBytes = DecodeTile<kD, kKvBytes>::kN * kRowBytesK;
-  static constexpr int kRingTileBytesV = DecodeTile<kD, kKvBytes>::kN * kRowBytesV;
+  static constexpr int kRingTileBytes = kTileN * kRowBytesK;
+  static constexpr int kRingTileBytesV = kTileN * kRowBytesV;
   static_assert(kQBytes % 128 == 0 && kRingTileBytes % 128 == 0 && kRingTileBytesV % 128 == 0,
                 "ring tiles start on 128-byte lines");
   static constexpr int kStageBytes = kRingTileBytes + kRingTileBytesV;  // K then V
-  static constexpr int kWarpBytes = DecodeTile<kD, kKvBytes>::kStages * kStageBytes;
+  static constexpr int kWarpBytes = DecodeTile<kD, kKvBytes, kTileN>::kStages * kStageBytes;
   static constexpr int kMergeRow = kDV + 8;  // floats per row of the cross-warp merge buffer
   static constexpr int kMergeBytes = kDecodeWarps * kDecodeRows * kMergeRow * 4;
   static constexpr int kRingBytes = kDecodeWarps * kWarpBytes;
@@ -514,23 +509,22 @@ __device__ __forceinline__ u32 pair_keys_per_column(u32 w) {
   return r;
 }
 
-template <int kD, typename Elem, class Kv = KvSame>
+template <int kD, typename Elem, class Kv = KvSame, int kTileN = 16>
 __device__ void flash_decode(const DecodeParams& dp) {
-  using Sm = DecodeSmem<kD, Kv::kBytes>;
+  using Sm = DecodeSmem<kD, Kv::kBytes, kTileN>;
   constexpr bool kFp8 = Kv::kBytes == 1;
   // The tensor-core type: the query's, or float16 for float8 K/V (see the file comment).
   using Mma = conditional_t<kFp8, F16, Elem>;
-  constexpr int kStages = DecodeTile<kD, Kv::kBytes>::kStages;
-  // Keys per warp tile (DecodeTile: 16, or 32 with FA_DECODE_TILE32_D128), its n8 tiles, and
-  // the ballot bits of its keys.
-  constexpr int kTileN = DecodeTile<kD, Kv::kBytes>::kN, kNT = kTileN / 8;
+  constexpr int kStages = DecodeTile<kD, Kv::kBytes, kTileN>::kStages;
+  // The warp tile's n8 tiles, and the ballot bits of its keys (DecodeTile).
+  constexpr int kNT = kTileN / 8;
   constexpr unsigned kKeyBits = kTileN == 32 ? 0xffffffffu : 0xffffu;
   constexpr int kChunks = kD / 8;  // 16-byte chunks per row (bucket width)
   constexpr int kChunks8 = kD / 16;  // 16-byte chunks per float8 row
   constexpr int kVSplits = DecodeTraits<kD>::kVSplits, kDV = Sm::kDV, kChunksV = kDV / 8;
   // The fused merge's loads in flight per lane (merge_split_partials): 16 where the CTAs per SM
   // leave >= 160 registers a thread.
-  constexpr int kCtasPerSm = kFp8 ? DecodeTraits<kD>::kMinBlocksFp8 : DecodeTraits<kD>::kMinBlocks;
+  constexpr int kCtasPerSm = kFp8 ? DecodeTraits<kD>::kMinBlocksFp8 : DecodeTile<kD, 2, kTileN>::kMinBlocks;
   constexpr int kMergeLoads = 65536 / (kDecodeThreads * kCtasPerSm) >= 160 ? 16 : 8;
   static_assert(!kFp8 || (kVSplits == 1 && kD % 32 == 0), "float8 K/V: head dims 64 / 128 / 256");
   // kCtasPerSm CTAs (each with ~1 KB reserved and ~0.7 KB static) fit an sm_90 SM's 228 KB.

@@ -96,7 +96,7 @@ def describe_launches(problem, sm_count=None, arch=None, device_cc=None) -> tupl
     current device; 80 without a GPU).  The sm90 grid is persistent (at most one CTA per SM:
     ``sm_count``, default the current device's, or 132 when ``device_cc`` describes a device
     that is not there)."""
-    from .decode import DECODE_THREADS, decode_grid, plan as decode_plan, smem_bytes as decode_smem
+    from .decode import DECODE_THREADS, decode_grid, plan as decode_plan
     from .schedule import launch_grid
 
     kind, limit = route(problem)
@@ -105,7 +105,7 @@ def describe_launches(problem, sm_count=None, arch=None, device_cc=None) -> tupl
         key, m_blocks, splits = decode_plan(problem, len_q_max=limit, sm_count=sm_count)
         grid = decode_grid(problem, m_blocks, splits, key.v_splits)
         out.append(dict(kind="decode", kernel=key.name, arch=key.arch, grid=grid,
-                        block=(DECODE_THREADS,), smem=decode_smem(key.head_dim, key.kv), splits=splits,
+                        block=(DECODE_THREADS,), smem=key.smem_bytes, splits=splits,
                         len_q=(1, limit) if limit is not None else (1, None)))
     if kind in ("prefill", "mixed"):
         key = select_kernel(problem, arch=arch, device_cc=device_cc)

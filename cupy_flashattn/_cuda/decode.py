@@ -18,6 +18,13 @@ partials (float32 O + LSE) are merged by the last split CTA of each tile in the 
 where :func:`fused_combine_applies` (dense decode launches), else by the combine kernel, which
 also serves :func:`merge_states` (``merge_attention_states`` on CuPy).
 
+Key tiles (:func:`decode_tile`): a warp takes 16 keys at a time, or 32 (16-bit K/V, head dim
+128, at most 16 packed rows a kv head -- GQA / MHA decode -- one CTA of 4 warps per SM with a
+2-slot ring): measured faster there (H100: GQA 32/8 B = 1 ctx 32768 58.9 -> 56.4 us, B = 16
+ctx 16384 361.3 -> 353.8) and slower for MQA's two 16-row tiles a kv head (B = 64 ctx 4096
+65.4 -> 69.6), which keep 16.  ``CUPY_FLASHATTN_SM90_DEFINES=FA_DECODE_TILE32=0`` turns the
+32-key kernels off (the A/B baseline).
+
 Instantiations: one decode kernel per (dtype, head-dim bucket 64/128/256/384/512) -- masks,
 softcap, ALiBi and paged addressing are run-time switches (the kernel waits on memory, not on
 ALU) -- plus one combine kernel and one rotary/append kernel (``kv_cache.cu``) with run-time
@@ -66,6 +73,8 @@ DECODE_BUCKETS = (64, 128, 256, 384, 512)
 # memory are read from the compiler (device_facts.py).
 DECODE_ROWS = 16
 DECODE_THREADS = 128
+#: Buckets with a 32-key-tile kernel (flash_decode<..., kTileN = 32>) for 16-bit K/V.
+TILE32_BUCKETS = (128,)
 
 DECODE_EXTRA = (
     ("float*", "oaccum"),
@@ -123,23 +132,33 @@ class DecodeKey:
     head_dim: int  # one of DECODE_BUCKETS
     arch: str = "sm80"  # kernel family (compile.ARCHS): cuda_src/<arch>/flash_decode.cu
     kv: str = ""  # "": K/V in dtype; "e4m3" / "e5m2": float8 K/V (FP8_KV_FORMATS)
+    tile: int = 16  # keys per warp tile: 16, or 32 (TILE32_BUCKETS, decode_tile)
 
     @property
     def name(self) -> str:
         kv = f"_kv{self.kv}" if self.kv else ""
-        return f"{family_prefix('decode', self.arch)}_{self.dtype}_d{self.head_dim}{kv}"
+        tile = f"_t{self.tile}" if self.tile != 16 else ""
+        return f"{family_prefix('decode', self.arch)}_{self.dtype}_d{self.head_dim}{kv}{tile}"
 
     def __str__(self) -> str:
         return self.name
 
     @property
     def stages(self) -> int:
-        return decode_facts()[self.head_dim]["kStages"]
+        return decode_facts()[self.head_dim]["kStagesTile32" if self.tile == 32 else "kStages"]
 
     @property
     def min_blocks(self) -> int:
-        """CTAs per SM the kernel is built for (__launch_bounds__; the float8 kernel's own)."""
+        """CTAs per SM the kernel is built for (__launch_bounds__; the float8 and 32-key
+        kernels' own)."""
+        if self.tile == 32:
+            return decode_facts()[self.head_dim]["kMinBlocksTile32"]
         return decode_facts()[self.head_dim]["kMinBlocksFp8" if self.kv else "kMinBlocks"]
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory of this kernel (:func:`smem_bytes`)."""
+        return smem_bytes(self.head_dim, self.kv, self.tile)
 
     @property
     def v_splits(self) -> int:
@@ -151,10 +170,22 @@ class DecodeKey:
         return min(255, 65536 // (DECODE_THREADS * self.min_blocks) // 8 * 8)
 
 
-def smem_bytes(bucket: int, kv: str = "") -> int:
-    """Dynamic shared memory of the decode kernel (``fa::DecodeSmem<bucket, 2 or 1>::kBytes``;
-    ``kv``: a float8 format, DecodeKey.kv)."""
+def smem_bytes(bucket: int, kv: str = "", tile: int = 16) -> int:
+    """Dynamic shared memory of the decode kernel (``fa::DecodeSmem<bucket, 2 or 1, tile>::kBytes``;
+    ``kv``: a float8 format, DecodeKey.kv; ``tile``: DecodeKey.tile)."""
+    if tile == 32:
+        return decode_facts()[bucket]["kBytesTile32"]
     return decode_facts()[bucket]["kBytesFp8" if kv else "kBytes"]
+
+
+def decode_tile(m_blocks: int, bucket: int, kv: str = "") -> int:
+    """Keys per warp tile of a decode launch with ``m_blocks`` 16-row tiles a kv head: 32 where
+    there is one (GQA / MHA), K/V are 16-bit and the bucket has a 32-key kernel
+    (:data:`TILE32_BUCKETS`) -- unless $CUPY_FLASHATTN_SM90_DEFINES sets FA_DECODE_TILE32=0 --
+    else 16 (see the module docstring for the measurements)."""
+    if m_blocks == 1 and bucket in TILE32_BUCKETS and not kv and _switch("FA_DECODE_TILE32", True):
+        return 32
+    return 16
 
 
 def decode_bucket(head_dim: int) -> int:
@@ -179,6 +210,7 @@ def kv_format(kv_dtype, head_dim: int) -> str:
 
 def decode_shipped_keys() -> list:
     return ([DecodeKey(dt, d) for dt in ("f16", "bf16") for d in DECODE_BUCKETS]
+            + [DecodeKey(dt, d, tile=32) for dt in ("f16", "bf16") for d in TILE32_BUCKETS]
             + [DecodeKey(dt, d, kv=kv) for dt in ("f16", "bf16") for d in FP8_KV_BUCKETS
                for kv in FP8_KV_FORMATS])
 
@@ -197,16 +229,19 @@ _EXTRA_NAMES = tuple(n for _, n in DECODE_EXTRA)
 def _decode_wrapper(key: DecodeKey) -> str:
     elem = "fa::Bf16" if key.dtype == "bf16" else "fa::F16"
     kv = FP8_KV_FORMATS[key.kv] if key.kv else "fa::KvSame"
+    # The 16-key kernels keep flash_decode's default kTileN (their text, so their cubins, as
+    # before the 32-key kernels).
+    tile = f", {key.tile}" if key.tile != 16 else ""
     return f"""
 static_assert(fa::kDecodeRows == {DECODE_ROWS} && fa::kDecodeWarps * 32 == {DECODE_THREADS} &&
-              fa::DecodeSmem<{key.head_dim}, {kv}::kBytes>::kBytes == {smem_bytes(key.head_dim, key.kv)},
+              fa::DecodeSmem<{key.head_dim}, {kv}::kBytes{tile}>::kBytes == {key.smem_bytes},
               "{key.name}: the host's launch geometry differs from flash_decode.cu");
 extern "C" __global__ void __launch_bounds__({DECODE_THREADS}, {key.min_blocks}) {key.name}(
     const fa_decode_args a) {{
   fa::DecodeParams dp;
 {DECODE_ARGS.assign("dp.f", names=_PARAM_NAMES)}
 {DECODE_ARGS.assign("dp", names=_EXTRA_NAMES)}
-  fa::flash_decode<{key.head_dim}, {elem}, {kv}>(dp);
+  fa::flash_decode<{key.head_dim}, {elem}, {kv}{tile}>(dp);
 }}
 """
 
@@ -239,7 +274,7 @@ def rope_source() -> str:
 
 def _decode_kernel(key: DecodeKey):
     return load_function(("decode", key), lambda: decode_source([key], combine=False), key.name,
-                         smem_bytes(key.head_dim, key.kv))
+                         key.smem_bytes)
 
 
 def _combine_kernel():
@@ -254,9 +289,9 @@ def precompile_decode(dtypes=("f16", "bf16"), buckets=DECODE_BUCKETS) -> list:
     names = []
     for dt in dtypes:
         for b in buckets:
-            key = DecodeKey(dt, b)
-            _decode_kernel(key)
-            names.append(key.name)
+            for key in [DecodeKey(dt, b)] + ([DecodeKey(dt, b, tile=32)] if b in TILE32_BUCKETS else []):
+                _decode_kernel(key)
+                names.append(key.name)
     _combine_kernel()
     _rope_kernel()
     return names + [COMBINE_NAME, ROPE_NAME]
@@ -357,10 +392,11 @@ def plan(problem: AttentionProblem, len_q_max=None, sm_count=None):
     ``sm_count``: SMs of the GPU the split heuristic fills (default: the current device's)."""
     p = problem
     dt = kernel_dtype_tag(p.q.dtype)
-    key = DecodeKey(dt, decode_bucket(p.head_dim), kv=kv_format(p.kv_float8, p.head_dim))
+    bucket, kv = decode_bucket(p.head_dim), kv_format(p.kv_float8, p.head_dim)
     g = p.num_heads // p.num_heads_k
     longest = int(p.max_seqlen_q) if len_q_max is None else min(int(p.max_seqlen_q), int(len_q_max))
     m_blocks = max(1, -(-longest * g // DECODE_ROWS))
+    key = DecodeKey(dt, bucket, kv=kv, tile=decode_tile(m_blocks, bucket, kv))
     ctas = m_blocks * p.num_heads_k * key.v_splits * int(p.batch_size)
     if len_q_max is not None:
         return key, m_blocks, 1
@@ -430,7 +466,7 @@ class DecodePlan:
         self.key, self.m_blocks, self.splits = plan(p, len_q_max)
         self.compute_dtype = compute_dtype(self.key.dtype)
         self.kernel = _decode_kernel(self.key)
-        self.smem = smem_bytes(self.key.head_dim, self.key.kv)
+        self.smem = self.key.smem_bytes
         self.len_q_max = INT_MAX if len_q_max is None else int(len_q_max)
         self.grid = decode_grid(p, self.m_blocks, self.splits, self.key.v_splits)
         self.empty = not (p.total_q > 0 and p.batch_size > 0 and p.max_seqlen_q > 0)

@@ -36,6 +36,9 @@ PREFILL_FACTS = ("kHeadDim", "kBlockM", "kBlockN", "kNWarps", "kMinBlocksPerSm",
 #: Members of ``fa::DecodeTraits<D>`` then ``fa::DecodeSmem<D>`` the host reads; kBytesFp8 is
 #: ``fa::DecodeSmem<D, 1>::kBytes`` (float8 K/V), kMinBlocksFp8 its CTAs per SM.
 DECODE_FACTS = ("kStages", "kMinBlocks", "kBytes", "kVSplits", "kBytesFp8", "kMinBlocksFp8")
+#: The 32-key kernels' (``fa::DecodeTile<D, 2, 32>``, ``fa::DecodeSmem<D, 2, 32>``), for the
+#: buckets that have one (decode.TILE32_BUCKETS).
+DECODE_TILE32_FACTS = ("kStagesTile32", "kMinBlocksTile32", "kBytesTile32")
 
 _ARRAY_RE = re.compile(r"fa_facts\[(\d+)\]\s*=\s*\{([^}]*)\}")
 
@@ -77,7 +80,7 @@ def _disk_cache() -> Path:
 
     # The switches, and the facts asked for: a host that asks for a new fact (DECODE_FACTS grew)
     # must not read an older table written for the same kernel sources.
-    asked = " ".join(_tuning_defines()) + "|" + " ".join(PREFILL_FACTS + DECODE_FACTS)
+    asked = " ".join(_tuning_defines()) + "|" + " ".join(PREFILL_FACTS + DECODE_FACTS + DECODE_TILE32_FACTS)
     tuning = hashlib.sha256(asked.encode()).hexdigest()[:8]
     return Path(root) / f"cupy_flashattn_device_facts_{source_hash()}_{tuning}.json"
 
@@ -117,6 +120,14 @@ def _facts_for(tuning: tuple) -> dict:
     vals = _evaluate(build_source("sm80/flash_decode.cu"), exprs)
     k = len(DECODE_BUCKETS)
     decode = {d: dict(zip(DECODE_FACTS, vals[i::k])) for i, d in enumerate(DECODE_BUCKETS)}
+    from .decode import TILE32_BUCKETS
+
+    exprs = [e for d in TILE32_BUCKETS for e in (f"fa::DecodeTile<{d}, 2, 32>::kStages",
+                                                  f"fa::DecodeTile<{d}, 2, 32>::kMinBlocks",
+                                                  f"fa::DecodeSmem<{d}, 2, 32>::kBytes")]
+    vals = _evaluate(build_source("sm80/flash_decode.cu"), exprs)
+    for i, d in enumerate(TILE32_BUCKETS):
+        decode[d].update(zip(DECODE_TILE32_FACTS, vals[3 * i:3 * i + 3]))
     from .compile import SM90_HEAD_DIM_BUCKETS
 
     sm90 = {}
