@@ -73,7 +73,8 @@ def test_decode_key_tiles(H, Hk, D, fp8, switch, tile, monkeypatch):
     assert launch["kernel"] == key.name and launch["smem"] == key.smem_bytes
     if tile == 32:
         assert key.min_blocks == 1 and key.smem_bytes == dc.smem_bytes(128, tile=32)
-        assert splits == dc.num_splits_heuristic(Hk * 4, 4096, H100_SMS, 1)
+        assert splits == dc.num_splits_heuristic(Hk * 4, 4096, H100_SMS, 1,
+                                                 merge_rows=min(16, H // Hk))
 
 
 def test_large_decode_batch_is_not_split_and_explicit_splits_win():
@@ -150,6 +151,13 @@ def test_wide_groups_take_several_16_row_tiles(H, Hk, max_q, D):
     (launch,) = describe_launches(p, sm_count=H100_SMS, device_cc=90)
     assert launch["kernel"] == key.name and launch["grid"] == (splits * m_blocks, Hk, 4)
     assert launch["smem"] == key.smem_bytes
+
+
+def test_mqa_b1_splits_are_capped_by_the_merge():
+    """MQA 32/1, B = 1: two 16-row CTAs; the plan's split count is the merge-capped one."""
+    p = _problem(B=1, max_q=1, max_k=32768, H=32, Hk=1, D=128, paged=True)
+    key, m_blocks, splits = dc.plan(p, sm_count=H100_SMS)
+    assert key.tile == 16 and m_blocks == 2 and splits == dc.merge_split_cap(32768, 16) == 42
 
 
 def test_float8_mqa_takes_two_16_row_tiles():
@@ -443,6 +451,17 @@ def test_small_grids_split_until_every_sm_has_a_cta():
     assert dc.num_splits_heuristic(8, 64, H100_SMS, 2) == 1
     assert dc.num_splits_heuristic(16, 4096, H100_SMS, 2) == 14    # the wave rule's count is more
     assert dc.num_splits_heuristic(8, 512, H100_SMS, 3, balance_waves=True) == 8
+    # Capped by the split merge's cost (merge_rows: real packed rows a CTA): 16 rows a CTA (MQA)
+    # take 15 splits at context 4096 and 42 at 32768 where the rules above take 64 and 109;
+    # GQA 32/8's 4 rows (one a merging warp) leave its grid's counts as they were.
+    assert dc.num_splits_heuristic(2, 4096, H100_SMS, 2, merge_rows=16) == 15
+    assert dc.num_splits_heuristic(2, 4096, H100_SMS, 2) == 64
+    assert dc.num_splits_heuristic(2, 32768, H100_SMS, 2, merge_rows=16) == 42
+    assert dc.num_splits_heuristic(2, 32768, H100_SMS, 2) == 109
+    assert dc.num_splits_heuristic(8, 4096, H100_SMS, 1, merge_rows=4) == 16
+    assert dc.num_splits_heuristic(8, 32768, H100_SMS, 4, balance_waves=True, merge_rows=4) == \
+        dc.num_splits_heuristic(8, 32768, H100_SMS, 4, balance_waves=True) == 57
+    assert [dc.merge_split_cap(32768, r) for r in (1, 4, 5, 16)] == [83, 83, 59, 42]
     # More CTAs than SMs: the wave rule alone (200 CTAs on 264 slots: 5 splits, 3.8 waves).
     assert dc.num_splits_heuristic(200, 4096, H100_SMS, 2) == 5
     assert dc.num_splits_heuristic(8, 10 ** 6, H100_SMS, 2, max_splits=128) <= 128

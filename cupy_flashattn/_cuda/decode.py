@@ -35,6 +35,7 @@ dtypes; and per (dtype, bucket 64/128/256, float8 format) one reading float8 K/V
 from __future__ import annotations
 
 import functools
+import math
 import logging
 from dataclasses import dataclass
 
@@ -328,7 +329,8 @@ def decode_len_q_limit(num_heads: int, num_heads_k: int) -> int:
 
 def num_splits_heuristic(ctas: int, max_seqlen_k: int, num_sms: int, ctas_per_sm: int = 1,
                          max_splits: int = 128, min_keys: int = 256,
-                         balance_waves: bool = False, fill_keys: int = 64) -> int:
+                         balance_waves: bool = False, fill_keys: int = 64,
+                         merge_rows: int = 0) -> int:
     """flash-attn's rule: no split when the grid already fills ~80% of the SM slots; else the
     fewest splits whose wave efficiency is >= 85% of the best, with >= min_keys keys each.
     ``balance_waves``: no early exit for a full grid -- a grid of 1.3 waves also splits (the
@@ -341,12 +343,39 @@ def num_splits_heuristic(ctas: int, max_seqlen_k: int, num_sms: int, ctas_per_sm
     otherwise idle SMs cut.  H100, stop 37 (tools/decode_timeline.py, B = 1, GQA 32/8, D = 128,
     page 16, one step's event time): context 512, 2 splits (flash-attn's rule) 16.6 us, 8
     splits 12.8, 16 splits 13.1; context 4096, 14 splits 20.2, 16 splits 18.9, 32 splits 19.2;
-    context 32768, 29 splits 61.2, 16 splits 62.2 (the wave rule's count stays)."""
+    context 32768, 29 splits 61.2, 16 splits 62.2 (the wave rule's count stays).
+
+    ``merge_rows`` (the real packed rows of one CTA, at most 16; 0: no cap): the splits are then
+    capped by :func:`merge_split_cap`, where merging one more split's partials costs more than
+    the shorter key loop saves."""
     fill = 1
     if 0 < ctas < num_sms:
         fill = max(1, min(num_sms // ctas, -(-int(max_seqlen_k) // fill_keys), max_splits))
-    return max(fill, _wave_splits(ctas, max_seqlen_k, num_sms * ctas_per_sm, max_splits,
-                                  min_keys, balance_waves))
+    splits = max(fill, _wave_splits(ctas, max_seqlen_k, num_sms * ctas_per_sm, max_splits,
+                                    min_keys, balance_waves))
+    if merge_rows > 0 and splits > 1:
+        splits = min(splits, merge_split_cap(max_seqlen_k, merge_rows))
+    return splits
+
+
+#: Key-loop time per key of one CTA over the merge time per split and per row a merging warp
+#: takes (us / us), fitted to forced split counts of MQA 32/1 B = 1 (16 rows a CTA, 4 a warp),
+#: D = 128 page 16, H100 (stop 42, tools/decode_ring_probe.py, kernel time): ctx 32768 at 16 /
+#: 24 / 32 / 48 / 64 / 109 splits 56.3 / 48.9 / 42.8 / 43.2 / 44.6 / 58.2 us, ctx 4096 at 8 / 12
+#: / 16 / 24 / 32 / 64 splits 26.8 / 25.0 / 23.2 / 25.9 / 25.5 / 36.0 (cuDNN 18.4 / 11.4).  The
+#: loop costs ~0.019 us a key, the fused merge ~0.09 us a split per row each of its warps merges
+#: (a row's partials are one warp's loads, rows one after another).  Both scale with the head dim.
+_LOOP_OVER_MERGE = 0.019 / 0.09
+
+
+def merge_split_cap(max_seqlen_k: int, merge_rows: int) -> int:
+    """The split count past which the split merge costs more than the key loop saves: the
+    minimum of loop + merge time, a L / s + b s, is at s = sqrt(a L / b), with b the merge time
+    per split of ceil(merge_rows / 4) rows a warp (the 4 warps of the merging CTA share the
+    rows).  MQA 32/1 (16 rows): 15 splits at context 4096, 41 at 32768 (the rules above gave
+    64 and 109); GQA 32/8 (4 rows, one a warp): 29 / 83, above what its grid takes."""
+    per_warp = -(-int(merge_rows) // 4)
+    return max(1, round(math.sqrt(_LOOP_OVER_MERGE * int(max_seqlen_k) / per_warp)))
 
 
 def _wave_splits(ctas: int, max_seqlen_k: int, slots: int, max_splits: int, min_keys: int,
@@ -408,7 +437,8 @@ def plan(problem: AttentionProblem, len_q_max=None, sm_count=None):
 
             sm_count = _sm_count(cupy.cuda.Device().id)
         splits = num_splits_heuristic(ctas, int(p.max_seqlen_k), sm_count, key.min_blocks,
-                                      balance_waves=bool(key.kv))
+                                      balance_waves=bool(key.kv),
+                                      merge_rows=min(DECODE_ROWS, longest * g))
     splits = max(1, min(splits, 256))
     return key, m_blocks, splits
 
