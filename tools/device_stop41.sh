@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Record of stop 42's run 1, at c0893c6.  Since then FA_DECODE_PLAIN / LEAN_ISSUE / ACQ_REL are the
+# default code and FA_DECODE_TMA is gone: those defines no longer change anything.)
 # Stop 41's device call, repo root, logs under $OUT (each part tarred as it finishes; a call cut
 # by its time limit still brings back what ran).
 #   1. (~2.5 min) decode, MQA 32/1 and GQA 32/8, D = 128, page 16: the default (now masking

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Record of stop 42's run 4, at e69a7d7.  FA_DECODE_TILE32_D128 has since become the
+# 32-key D = 128 kernel of DecodeKey.tile, chosen by the plan; the define no longer exists.)
 # Stop 42's device call after the paired-kernel run, repo root, logs under $OUT (tarred per part).
 #   1. (~1 min) FA_DECODE_TILE32_D128 (32-key warp tiles at D = 128, one CTA of 4 warps per SM;
 #      2 ring slots, and 3 with FA_DECODE_TILE32_STAGES=3) against the default: MQA 32/1 and
