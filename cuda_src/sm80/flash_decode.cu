@@ -877,12 +877,8 @@ __device__ void flash_decode(const DecodeParams& dp) {
     // of P (16 x 16) for that k-step.
     u32 pa[kTileN / 16][4];
 #pragma unroll
-    for (int k16 = 0; k16 < kTileN / 16; ++k16) {
-      pa[k16][0] = Mma::pack(s[0][2 * k16][0], s[0][2 * k16][1]);
-      pa[k16][1] = Mma::pack(s[0][2 * k16][2], s[0][2 * k16][3]);
-      pa[k16][2] = Mma::pack(s[0][2 * k16 + 1][0], s[0][2 * k16 + 1][1]);
-      pa[k16][3] = Mma::pack(s[0][2 * k16 + 1][2], s[0][2 * k16 + 1][3]);
-    }
+    for (int k16 = 0; k16 < kTileN / 16; ++k16)
+      pack_p_fragment<Mma>(pa[k16], s[0][2 * k16], s[0][2 * k16 + 1]);
     if constexpr (kFp8) {
       // vb[0] / vb[1]: keys 0-7 / 8-15 of columns 32 dd2 .. + 15; vb[2] / vb[3] of the next 16.
 #pragma unroll

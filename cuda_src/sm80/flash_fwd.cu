@@ -111,12 +111,8 @@ __device__ __forceinline__ void attend_tile(float (&acc_o)[Tr::kMRep][Tr::kDTile
 #pragma unroll
   for (int kk = 0; kk < kNTiles / 2; ++kk)
 #pragma unroll
-    for (int mi = 0; mi < kMRep; ++mi) {
-      pa[kk][mi][0] = Elem::pack(s[mi][2 * kk][0], s[mi][2 * kk][1]);
-      pa[kk][mi][1] = Elem::pack(s[mi][2 * kk][2], s[mi][2 * kk][3]);
-      pa[kk][mi][2] = Elem::pack(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
-      pa[kk][mi][3] = Elem::pack(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
-    }
+    for (int mi = 0; mi < kMRep; ++mi)
+      pack_p_fragment<Elem>(pa[kk][mi], s[mi][2 * kk], s[mi][2 * kk + 1]);
 
   // O += P V, one (key step kk, d pair dp) at a time; the V fragment of the next step is loaded
   // before the mma of this one (explicit one-step pipelining keeps ptxas from hoisting every

@@ -41,6 +41,18 @@ struct F16 {
   }
 };
 
+// The A fragment (16 x 16) of P for keys 16 kk .. 16 kk + 15 from S's m16n8 accumulators of
+// n-tiles 2 kk (s0) and 2 kk + 1 (s1): an accumulator's (row, column pair) layout is the A
+// fragment's, so P goes from S to the P V mma in registers, two floats per 16-bit pair.
+template <class Elem>
+__device__ __forceinline__ void pack_p_fragment(u32 (&pa)[4], const float (&s0)[4],
+                                                const float (&s1)[4]) {
+  pa[0] = Elem::pack(s0[0], s0[1]);
+  pa[1] = Elem::pack(s0[2], s0[3]);
+  pa[2] = Elem::pack(s1[0], s1[1]);
+  pa[3] = Elem::pack(s1[2], s1[3]);
+}
+
 // ldmatrix x4: lanes 8i..8i+7 give the 16-byte row addresses of 8x8 matrix i; register ri then
 // holds matrix i's [g][2t, 2t+1] (with .trans: [2t][g], [2t+1][g]), g = lane/4, t = lane%4.
 __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {

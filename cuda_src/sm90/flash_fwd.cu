@@ -693,12 +693,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
         return;
       }
 #pragma unroll
-      for (int kk = 0; kk < kNTiles / 2; ++kk) {
-        pa[kk][0] = Elem::pack(sacc[0][2 * kk][0], sacc[0][2 * kk][1]);
-        pa[kk][1] = Elem::pack(sacc[0][2 * kk][2], sacc[0][2 * kk][3]);
-        pa[kk][2] = Elem::pack(sacc[0][2 * kk + 1][0], sacc[0][2 * kk + 1][1]);
-        pa[kk][3] = Elem::pack(sacc[0][2 * kk + 1][2], sacc[0][2 * kk + 1][3]);
-      }
+      for (int kk = 0; kk < kNTiles / 2; ++kk)
+        pack_p_fragment<Elem>(pa[kk], sacc[0][2 * kk], sacc[0][2 * kk + 1]);
     };
     // Ping-pong turns: barrier 1 + cw is "my turn", arrived on by the other warpgroup after
     // it issued its products; warpgroup 0 goes first (warpgroup 1 arrives once up front).
