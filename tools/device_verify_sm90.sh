@@ -2,9 +2,9 @@
 # The verification call of a Hopper-path session, in budget order (~5 min on an H100, one call):
 # the whole GPU suite in shards (tools/gpu_suite_parallel.sh: precompile of both families, 6
 # pytest processes, then the large-offset tests alone) on the default path (sm90 on a 9.0
-# device), then the CPU-marked tests that run kernels here; the prefill-relevant GPU tests forced to sm80, in shards; the four sanitizers on
-# every sanitize case; then `bench.py` (dense = sm90, dense-sm80 beside it, varlen, paged
-# 16/256, torch flash/cuDNN).  Everything lands in /tmp/fa_v and comes back as one archive
+# device), then the CPU-marked tests that run kernels here; the prefill-relevant GPU tests
+# forced to sm80, in shards; the four sanitizers on every sanitize case; then `bench.py`
+# (dense = sm90, dense-sm80 beside it, varlen, paged 16/256, torch flash/cuDNN).  Everything lands in /tmp/fa_v and comes back as one archive
 # $OUT/verify.tgz plus a summary.  (Until stop 42 the suite ran in one pytest process, which
 # no longer fits its 330 s: stop 42's run 2 stopped at 53%.)  PART=a skips the sm80-forced
 # tests, PART=b runs only them.
