@@ -35,8 +35,8 @@ dtypes; and per (dtype, bucket 64/128/256, float8 format) one reading float8 K/V
 from __future__ import annotations
 
 import functools
-import math
 import logging
+import math
 from dataclasses import dataclass
 
 import numpy as np
