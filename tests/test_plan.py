@@ -462,6 +462,10 @@ def test_small_grids_split_until_every_sm_has_a_cta():
     assert dc.num_splits_heuristic(8, 32768, H100_SMS, 4, balance_waves=True, merge_rows=4) == \
         dc.num_splits_heuristic(8, 32768, H100_SMS, 4, balance_waves=True) == 57
     assert [dc.merge_split_cap(32768, r) for r in (1, 4, 5, 16)] == [83, 83, 59, 42]
+    # 8 CTAs of 16 rows at ctx 8192: the wave rule's 28 is past the cap (21), so one CTA per
+    # SM (16), the count measured fastest.
+    assert dc.num_splits_heuristic(8, 8192, H100_SMS, 2) == 28
+    assert dc.num_splits_heuristic(8, 8192, H100_SMS, 2, merge_rows=16) == 16
     # More CTAs than SMs: the wave rule alone (200 CTAs on 264 slots: 5 splits, 3.8 waves).
     assert dc.num_splits_heuristic(200, 4096, H100_SMS, 2) == 5
     assert dc.num_splits_heuristic(8, 10 ** 6, H100_SMS, 2, max_splits=128) <= 128

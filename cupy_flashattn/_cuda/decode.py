@@ -347,14 +347,19 @@ def num_splits_heuristic(ctas: int, max_seqlen_k: int, num_sms: int, ctas_per_sm
 
     ``merge_rows`` (the real packed rows of one CTA, at most 16; 0: no cap): the splits are then
     capped by :func:`merge_split_cap`, where merging one more split's partials costs more than
-    the shorter key loop saves."""
+    the shorter key loop saves (and a small grid so capped keeps at most one CTA per SM)."""
     fill = 1
     if 0 < ctas < num_sms:
         fill = max(1, min(num_sms // ctas, -(-int(max_seqlen_k) // fill_keys), max_splits))
     splits = max(fill, _wave_splits(ctas, max_seqlen_k, num_sms * ctas_per_sm, max_splits,
                                     min_keys, balance_waves))
     if merge_rows > 0 and splits > 1:
-        splits = min(splits, merge_split_cap(max_seqlen_k, merge_rows))
+        cap = merge_split_cap(max_seqlen_k, merge_rows)
+        if cap < splits:
+            # A small grid whose merge cannot afford the wave rule's count stays at one CTA per
+            # SM at most (the fill): MQA B = 4 ctx 8192 (8 CTAs, 16 rows each) took 28.5-28.9 us
+            # at 16 splits, 31.3 at 12, 33.2 at 24 and 34.4 at the cap's 21 (H100, stop 42).
+            splits = min(fill, cap) if fill > 1 else cap
     return splits
 
 
