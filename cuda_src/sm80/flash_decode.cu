@@ -7,12 +7,12 @@
 // head hk * g + r % g (g = H / Hk).  kDecodeRows = 16 rows per CTA (one mma m16 tile); more
 // packed rows go to further m-blocks (blockIdx.x), which re-read K/V mostly from L2.
 //
-// Grid (num_splits * m_blocks, Hk, B); 4 warps.  The split's 16-key tiles are dealt round-robin
-// to the warps; each warp streams ITS tiles through its own cp.async ring of kStages slots
+// Grid (num_splits * m_blocks, Hk, B); 4 warps.  The split's key tiles (kTileN = 16 keys, or 32:
+// DecodeTile) are dealt round-robin to the warps; each warp streams ITS tiles through its own cp.async ring of kStages slots
 // (no CTA barrier in the main loop: only __syncwarp), keeps its own online-softmax state
 // (m, l, O), and the 4 states are merged through shared memory at the end.
 //
-// Per 16-key tile and warp:  S(16x16) = Q(16xD) K^T (mma m16n8k16, packed rows as M; padding
+// Per key tile and warp:  S(16 x kTileN) = Q(16xD) K^T (mma m16n8k16, packed rows as M; padding
 // rows masked), then the prefill kernel's own pieces: the logit transform and the mask
 // (mask.cuh: window.cuh's visibility rule, with each packed row's query index and ALiBi slope),
 // the online softmax (softmax.cuh: OnlineSoftmax), and O(16xD) += P V with P in registers.
@@ -79,7 +79,7 @@ namespace fa {
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = 32 * kDecodeWarps;
 constexpr int kDecodeRows = 16;   // packed (query, head) rows per CTA
-constexpr int kDecodeTileN = 16;  // keys per warp tile
+constexpr int kDecodeTileN = 16;  // keys per warp tile (DecodeTile: 32 in the _t32 kernels)
 
 struct DecodeParams {
   FwdParams f;            // the prefill kernel's parameters, same meaning
@@ -96,7 +96,7 @@ struct DecodeParams {
 };
 
 // Decode traits per head-dim bucket: kStages ring slots per warp.  Shared memory per CTA is
-// Q (16 rows) + 4 warps x kStages x (K + V tiles of 16 rows): DecodeSmem.
+// Q (16 rows) + 4 warps x kStages x (K + V tiles of kTileN rows): DecodeSmem.
 // Little's law: ~4.8 TB/s x ~1.5 us / 132 SMs ~ 55 KB in flight per SM are needed; every
 // configuration below keeps >= 100 KB in flight per SM.
 // kVSplits (head dims 384 / 512, as the prefill's V-split, sm80/kernel_traits.cuh): a warp's O
@@ -163,7 +163,8 @@ template <> struct DecodeTraits<512> { static constexpr int kStages = 2, kMinBlo
 // of 4 warps per SM at ~300 instructions per 16 keys and 16 rows (stop 40's Nsight Compute).
 template <int kD, int kKvBytes, int kTileN>
 struct DecodeTile {
-  static_assert(kTileN == 16 || (kTileN == 32 && kKvBytes == 2 && kD == 128), "32-key tiles: 16-bit K/V, D = 128");
+  static_assert(kTileN == kDecodeTileN || (kTileN == 32 && kKvBytes == 2 && kD == 128),
+                "32-key tiles: 16-bit K/V, D = 128");
   static constexpr int kStages = kTileN == 32 ? FA_DECODE_TILE32_STAGES : DecodeTraits<kD>::kStages;
   static constexpr int kMinBlocks = kTileN == 32 ? 1 : DecodeTraits<kD>::kMinBlocks;
 };
@@ -178,7 +179,7 @@ struct DecodeTile {
 // requests, a third of them for sectors already requested; cuDNN's decode kernel, 33.6 M in
 // whole 128-byte requests) and 86% L2 throughput (stop 36, H100).  Swizzled: 33.6 M sectors,
 // at the same kernel time (L2 was busy, not the limit).  Q keeps padded rows (read once).
-template <int kD, int kKvBytes = 2, int kTileN = 16>
+template <int kD, int kKvBytes = 2, int kTileN = kDecodeTileN>
 struct DecodeSmem {
   static constexpr int kDV = kD / DecodeTraits<kD>::kVSplits;  // V / O columns of a CTA
   static constexpr int kQRowBytes = (kD + 8) * 2;  // Q rows, padded by 16 bytes
@@ -509,7 +510,7 @@ __device__ __forceinline__ u32 pair_keys_per_column(u32 w) {
   return r;
 }
 
-template <int kD, typename Elem, class Kv = KvSame, int kTileN = 16>
+template <int kD, typename Elem, class Kv = KvSame, int kTileN = kDecodeTileN>
 __device__ void flash_decode(const DecodeParams& dp) {
   using Sm = DecodeSmem<kD, Kv::kBytes, kTileN>;
   constexpr bool kFp8 = Kv::kBytes == 1;
@@ -564,7 +565,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
   const Window window(p, len_k, shift, bidb);
 
   // Key tiles any row of this CTA can see, intersected with this split's share of the
-  // sequence's 16-key tiles.
+  // sequence's kTileN-key tiles.
   const int i_lo = row0 / g, i_hi = (imin(row0 + kDecodeRows, rows_total) - 1) / g;
   int n_lo, n_hi;
   window.template tile_range<kTileN>(i_lo, i_hi, n_lo, n_hi);
@@ -572,7 +573,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
   const int per_split = ceil_div(n_tiles, dp.num_splits);
   const int t_begin = imax(split * per_split, n_lo);
   const int t_end = imin(imin(n_tiles, (split + 1) * per_split), n_hi);
-  // Tiles of this warp: t_begin + warp + j * 4, j < n_mine.
+  // Tiles of this warp: t_begin + warp + j * kDecodeWarps, j < n_mine.
   const int n_mine = t_end - t_begin > warp ? ceil_div(t_end - t_begin - warp, kDecodeWarps) : 0;
 
   const i64 kv_head_off = (i64)hk * p.k_head_stride;
@@ -695,7 +696,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
   for (int j = 0; j < kStages; ++j) first_keys[j] = key_ref(tile_of(j));  // past n_mine: no key
   // The keys of each tile in flight that have no row to read -- past the sequence, or on an
   // absent page (paged.cuh: masked, never read) -- one bit per key, from the offsets the
-  // issue resolved (lanes 0-15 hold keys 0-15); the copies zero-fill them, and the mask makes
+  // issue resolved (lane l holds key l % kTileN); the copies zero-fill them, and the mask makes
   // them -inf.  A queue in registers: no_key[0] is the oldest tile in flight.
   unsigned no_key[kStages - 1];
 #pragma unroll
@@ -725,11 +726,11 @@ __device__ void flash_decode(const DecodeParams& dp) {
   }
   // Plain logits -- no softcap, no ALiBi, a positive finite scale: a CTA-uniform test, the
   // common decode step -- take the prefill kernel's plain path.  16-bit K/V fold the scale into
-  // the softmax's exp2 (c: LogitTransform<false>'s log2_scale); float8 K/V into S's row factor (s_factor, below: S is multiplied row by
-  // row anyway), with c = log2(e) as for transformed logits.  16-bit K/V also skip the mask on
-  // tiles inside [free_lo, free_hi], the keys every row of the CTA sees (all warps hold the
-  // same 16 rows: a warp reduction suffices; padding rows, zero queries never written, need no
-  // mask).  Float8 K/V mask every tile: the free range cost the float8 D = 128 kernel (128
+  // the softmax's exp2 (c: LogitTransform<false>'s log2_scale); float8 K/V into S's row factor
+  // (s_factor, below: S is multiplied row by row anyway), with c = log2(e) as for transformed
+  // logits.  16-bit K/V also skip the mask on tiles inside [free_lo, free_hi], the keys every
+  // row of the CTA sees (all warps hold the same 16 rows: a warp reduction suffices; padding
+  // rows, zero queries never written, need no mask).  Float8 K/V mask every tile: the free range cost the float8 D = 128 kernel (128
   // registers for 4 CTAs per SM) 8-16 bytes of spills (ptxas 13, sm_90).  Otherwise every tile
   // pays the scale, the ALiBi term (slope 0) and the mask, ~80 of ~687 instructions executed a
   // 16-key tile (bf16 D = 128): MQA 32/1 B = 64 ctx 4096 page 16 took 71.1 us with them, 68.0
@@ -804,7 +805,7 @@ __device__ void flash_decode(const DecodeParams& dp) {
     const u32 ks = ring + (j % kStages) * Sm::kStageBytes, vs = ks + Sm::kRingTileBytes;
     const int t = tile_of(j);
 
-    // S = Q K^T (16 rows x 16 keys: n-tile 0 keys 0-7, 1 keys 8-15); k-steps past the head dim
+    // S = Q K^T (16 rows x kTileN keys: n-tile n keys 8n .. 8n + 7); k-steps past the head dim
     // are skipped (uniform branch).
     float s[1][kNT][4];
     zero_fragments(s);
@@ -866,6 +867,8 @@ __device__ void flash_decode(const DecodeParams& dp) {
     if (tile_no_key != 0u) {
       // mask.cuh's absent-key bits (2 nt + e: this lane's keys 8 nt + 2 tq + e), every row's
       // range unbounded: only those columns change.
+      // (n-tiles 0 and 1 written out: as one loop from 0 the 16-key kernels compiled to other
+      // machine code than the device-tested build.)
       unsigned bits = ((tile_no_key >> (2 * tq)) & 3u) | (((tile_no_key >> (8 + 2 * tq)) & 3u) << 2);
 #pragma unroll
       for (int nt = 2; nt < kNT; ++nt) bits |= ((tile_no_key >> (8 * nt + 2 * tq)) & 3u) << (2 * nt);

@@ -28,8 +28,9 @@ ctx 16384 361.3 -> 353.8) and slower for MQA's two 16-row tiles a kv head (B = 6
 Instantiations: one decode kernel per (dtype, head-dim bucket 64/128/256/384/512) -- masks,
 softcap, ALiBi and paged addressing are run-time switches (the kernel waits on memory, not on
 ALU) -- plus one combine kernel and one rotary/append kernel (``kv_cache.cu``) with run-time
-dtypes; and per (dtype, bucket 64/128/256, float8 format) one reading float8 K/V
-(:data:`FP8_KV_FORMATS`: float8 caches on the GPU, ``fp8.gpu_rules``).
+dtypes; per (dtype, bucket 64/128/256, float8 format) one reading float8 K/V
+(:data:`FP8_KV_FORMATS`: float8 caches on the GPU, ``fp8.gpu_rules``); and per dtype in
+:data:`TILE32_BUCKETS` one with 32-key tiles (``_t32``).
 """
 
 from __future__ import annotations
@@ -377,7 +378,7 @@ def merge_split_cap(max_seqlen_k: int, merge_rows: int) -> int:
     """The split count past which the split merge costs more than the key loop saves: the
     minimum of loop + merge time, a L / s + b s, is at s = sqrt(a L / b), with b the merge time
     per split of ceil(merge_rows / 4) rows a warp (the 4 warps of the merging CTA share the
-    rows).  MQA 32/1 (16 rows): 15 splits at context 4096, 41 at 32768 (the rules above gave
+    rows).  MQA 32/1 (16 rows): 15 splits at context 4096, 42 at 32768 (the rules above gave
     64 and 109); GQA 32/8 (4 rows, one a warp): 29 / 83, above what its grid takes."""
     per_warp = -(-int(merge_rows) // 4)
     return max(1, round(math.sqrt(_LOOP_OVER_MERGE * int(max_seqlen_k) / per_warp)))

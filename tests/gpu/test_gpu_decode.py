@@ -206,9 +206,8 @@ def test_absent_pages(page, h, hk, softcap, splits):
     LSE +inf.  The decode kernel zero-fills an absent key's row, so without the mask its logit
     would be 0, not -inf.  Softcap 0 takes the plain-logit path, which skips the mask on
     tiles every row sees whole (a tile with an absent key must still be masked); 30 the
-    transform path.  The
-    reference is attention over the present keys (no window or ALiBi: positions do not
-    matter)."""
+    transform path.  The reference is attention over the present keys (no window or ALiBi:
+    positions do not matter)."""
     from cupy_flashattn import _cuda
     from cupy_flashattn.reference import attention_ref
 
