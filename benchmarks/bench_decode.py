@@ -14,7 +14,7 @@ the same measurement of each peer, after warm-up:
   the flash_attn_with_kvcache call; torch: torch.cuda.CUDAGraph around SDPA), each replay
   timed like one call.  `graph_err` = max|replayed - eager| after poisoning the captured
   output with NaN (0 = the graph recomputes the whole output).
-* kernel only (`us_kernel`): ours through the decode launcher (no front end), torch's SDPA
+* kernel only (`us_kernel`): ours through the launch plan (no front end), torch's SDPA
   call; the L2 flush before each call keeps the GPU busy while the host prepares the call, so
   host work is not timed.  (--flush memset: the memset alone, the method before stop 36, which
   leaves ~50 MB of dirty lines for the timed call to write back.)
@@ -256,7 +256,7 @@ def decode_problem(q, kc, vc, seqlens, table, P, ctx, fmt="fp8"):
 
 def measure_ours(timer, q, kc, vc, seqlens, table, P, ctx, n_b2b, ref, fmt="fp8"):
     """({measure: seconds}, extra row fields) of flash_attn_with_kvcache on one cache layout."""
-    from cupy_flashattn._cuda import decode as dc
+    from cupy_flashattn import _cuda
 
     kw = {} if table is None else dict(block_table=table)
     if kc.dtype == np.uint8:
@@ -268,12 +268,15 @@ def measure_ours(timer, q, kc, vc, seqlens, table, P, ctx, n_b2b, ref, fmt="fp8"
     out = ours()
     err = NAN if ref is None else float(cupy.abs(out.astype(np.float32) - ref.astype(np.float32)).max())
     prob = decode_problem(q, kc, vc, seqlens, table, P, ctx, fmt)
-    t, graph = measure_provider(timer, ours, lambda: dc.run_decode(prob),
+    # Kernel only: the launch plan the front end would make for this call (the mma.sync decode
+    # kernel, or on 9.0 for MQA the sm90 split kernel: _cuda.route), made once and replayed.
+    plan = _cuda.plan_attention(prob)
+    t, graph = measure_provider(timer, ours, lambda: _cuda.run_attention(prob, plan),
                                 lambda: measure.cupy_graph(ours), n_b2b, "ours")  # fmt: skip
     graph_err = NAN if graph is None else graph_error(*graph, out)
     if graph is not None and graph_err != 0:
         print(f"  ours: graph replay differs from the eager call (max |diff| {graph_err})", flush=True)
-    return t, dict(splits=dc.plan(prob)[2], max_abs_diff=err, graph_err=graph_err)
+    return t, dict(splits=plan[0].splits, max_abs_diff=err, graph_err=graph_err)
 
 
 def make_row(shape, P, ours, extra, peers, kv_bytes, copy_bw, n_b2b, kv="bf16"):

@@ -22,6 +22,13 @@ from cupy_flashattn.problem import AttentionProblem  # noqa: E402
 H100_SMS = 132
 
 
+@pytest.fixture(autouse=True)
+def mma_sync_decode(monkeypatch):
+    """These tests pin the mma.sync decode kernel's plans; on compute capability 9.0 an MQA step
+    would take the sm90 split kernel instead (its plans: tests/test_decode_sm90_plan.py)."""
+    monkeypatch.setenv("CUPY_FLASHATTN_DECODE_SM90", "0")
+
+
 def _problem(*, H=32, Hk=8, D=128, B=2, max_q=1, max_k=4096, varlen=False, paged=False,
              dtype=np.float16, softcap=0.0, alibi=False, num_splits=0, scale=0.1):
     rows = 64

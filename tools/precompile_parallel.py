@@ -8,6 +8,7 @@ Used by tools/device_quick.sh and tools/device_verify.sh.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -43,7 +44,8 @@ def main(argv=None):
         # Asked in a worker: CUDA initialised in this process would break the forked workers.
         archs = ["sm80", "sm90"] if ex.submit(_device_cc).result() == 90 else ["sm80"]
         shipped = [k for a in archs for k in cc.shipped_keys(a)] + cc.shipped_precise_keys()
-        keys = [(k.dtype, k.head_dim, k.transform, k.paged, k.arch) for k in shipped]
+        # Every field (wide, split included): KernelKey(*fields) rebuilds the very key.
+        keys = [dataclasses.astuple(k) for k in shipped]
         futures = [ex.submit(_prefill, k) for k in keys]
         n = ex.submit(_decode, 0).result()
         for f in futures:

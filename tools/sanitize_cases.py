@@ -141,10 +141,18 @@ def prefill_varlen(rng, dt, D, mode, P=0):
     return max(errs)
 
 
-def decode(rng, dt, D, splits, P=0, sinks=False, heads=(8, 2)):
+def decode(rng, dt, D, splits, P=0, sinks=False, heads=(8, 2), swap=True):
     """flash_attn_with_kvcache without new tokens: the decode kernel (split-KV when splits > 1;
     with ``sinks``, the combine adds them).  ``heads`` (H, Hk): more than 16 query heads per kv
-    head take several 16-row tiles of one kv head."""
+    head take several 16-row tiles of one kv head -- on compute capability 9.0, MQA with 16 or
+    more heads runs the sm90 split kernel with swapped rows instead (_cuda/decode_sm90.py)
+    unless ``swap`` is False (CUPY_FLASHATTN_DECODE_SM90=0 for the call)."""
+    if not swap:
+        os.environ["CUPY_FLASHATTN_DECODE_SM90"] = "0"
+        try:
+            return decode(rng, dt, D, splits, P, sinks, heads)
+        finally:
+            del os.environ["CUPY_FLASHATTN_DECODE_SM90"]
     (H, Hk), B, S = heads, 3, 300
     lens = np.array([1, 250, 77], np.int32)
     q = randn(rng, (B, 1, H, D), dt)
@@ -336,8 +344,15 @@ def cases():
         ("decode bfloat16-d128 splits=3", lambda r: decode(r, BF16, 128, 3)),
         ("decode paged P=16 bfloat16-d64 splits=3", lambda r: decode(r, BF16, 64, 3, P=16)),
         ("decode paged P=48 float16-d128 splits=1", lambda r: decode(r, F16, 128, 1, P=48)),
-        ("decode MQA 32/1 (two 16-row tiles a kv head) paged P=16 bfloat16-d128 splits=3 sinks",
-         lambda r: decode(r, BF16, 128, 3, P=16, sinks=True, heads=(32, 1))),
+        ("decode MQA 32/1 (9.0: the sm90 split kernel, swapped rows) paged P=16 bfloat16-d128 "
+         "splits=3 sinks", lambda r: decode(r, BF16, 128, 3, P=16, sinks=True, heads=(32, 1))),
+        ("decode MQA 32/1 (two 16-row tiles a kv head, DECODE_SM90=0) paged P=16 bfloat16-d128 "
+         "splits=3 sinks",
+         lambda r: decode(r, BF16, 128, 3, P=16, sinks=True, heads=(32, 1), swap=False)),
+        ("decode MQA 32/1 (9.0: swapped, cp.async gather) paged P=7 float16-d64 splits=2",
+         lambda r: decode(r, F16, 64, 2, P=7, heads=(32, 1))),
+        ("decode MQA 16/1 (9.0: swapped) bfloat16-d192 heuristic splits",
+         lambda r: decode(r, BF16, 192, 0, heads=(16, 1))),
         ("decode 24/1 (two 16-row tiles, 8 padding rows) float16-d64 splits=1",
          lambda r: decode(r, F16, 64, 1, heads=(24, 1))),
         ("rotary+append contiguous bfloat16-d128", lambda r: append_rotary(r, BF16, 128)),

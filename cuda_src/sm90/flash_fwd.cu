@@ -79,9 +79,22 @@ struct Sm90Smem {
 struct Sm90Tile {
   SeqInfo si;
   int bidb, bidh, m0, rows_valid, n_min, n_max;
+  int split;  // Is_split: which of SplitOut::num_splits key ranges of the sequence (else 0)
   // Window::range_hull of the tile's rows (empty, hull_end <= hull_start, when no prefix range
   // reaches them): the consumers' tile ranges and row lookups reuse it.
   int hull_start, hull_end;
+};
+
+// Split-KV (the Is_split kernels, launched by _cuda/decode_sm90.py for decode): each query
+// tile runs num_splits times, split s over the s-th of num_splits equal runs of the sequence's
+// key tiles, and stores its rows' O (normalized by its own row sums) and LSE as float32
+// partials -- the split-KV decode kernel's layout (sm80/flash_decode.cu DecodeParams) -- which
+// the decode combine kernel merges.  A split without keys stores O = 0 and LSE +inf (the
+// combine weighs it 0).  Sinks are the combine's: the host passes none to these kernels.
+struct SplitOut {
+  float* oaccum;     // (num_splits, total_q, H, head_dim)
+  float* lse_accum;  // (num_splits, H, total_q)
+  int num_splits;
 };
 
 struct NoPost {
@@ -92,9 +105,16 @@ struct NoPost {
 // `posted`: the sequence's rows as the producer resolved them (the dynamic schedule's post for
 // the consumers), or null to read them from global memory; `post(si)` runs as soon as they are
 // resolved (the producer posts them there: later, the 56-register producer spilled).
-template <class Tr, bool Is_paged, class Post = NoPost>
+// Is_split: tile i is split i % num_splits of query tile i / num_splits.
+template <class Tr, bool Is_paged, bool Is_split = false, class Post = NoPost>
 __device__ __forceinline__ bool tile_at(const FwdParams& p, int i, Sm90Tile& w,
-                                        const u32 (*posted)[4] = nullptr, Post post = {}) {
+                                        const u32 (*posted)[4] = nullptr, Post post = {},
+                                        int num_splits = 1) {
+  w.split = 0;
+  if constexpr (Is_split) {
+    w.split = i % num_splits;
+    i /= num_splits;
+  }
   const int m_idx = i % p.tiles_m, hb = i / p.tiles_m;
   w.bidh = hb % p.num_heads;
   w.bidb = hb / p.num_heads;
@@ -113,6 +133,11 @@ __device__ __forceinline__ bool tile_at(const FwdParams& p, int i, Sm90Tile& w,
   const Window window(p, w.si.len_k, w.si.len_k - w.si.len_q, w.bidb);
   window.range_hull(w.m0, m_last, w.hull_start, w.hull_end);
   window.template tile_range<Tr::kBlockN>(w.m0, m_last, w.hull_start, w.hull_end, w.n_min, w.n_max);
+  if constexpr (Is_split) {  // this split's run of the sequence's key tiles
+    const int per = ceil_div(ceil_div(w.si.len_k, Tr::kBlockN), num_splits);
+    w.n_min = imax(w.n_min, w.split * per);
+    w.n_max = imax(w.n_min, imin(w.n_max, (w.split + 1) * per));
+  }
   return true;
 }
 
@@ -567,10 +592,10 @@ __device__ __forceinline__ void issue_pv(float (&acc_o)[1][Tr::kDTiles][4],
 // without keys (then the producer only arrives) -- and arrive on q_empty once Q (and, without
 // kSeparateO, the O staged in its buffer) is no longer read.  `it` counts the ring's tiles
 // over the schedule, as the producer's does.
-template <class Tr, class Elem, bool Has_transform, bool Is_paged>
-__device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc, const Sm90Tile& w,
-                                         const Sm90Smem<Tr>& sm, int& it, int tq, int cw,
-                                         int ctid) {
+template <class Tr, class Elem, bool Has_transform, bool Is_paged, bool Is_split>
+__device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc, const SplitOut& so,
+                                         const Sm90Tile& w, const Sm90Smem<Tr>& sm, int& it,
+                                         int tq, int cw, int ctid) {
   constexpr int kNTiles = Tr::kNTiles, kDTiles = Tr::kDTiles, kBlockN = Tr::kBlockN;
   constexpr bool kF32 = Tr::kPlanes == 2;  // float32 as float16 planes (see F32Scales)
   using Math = conditional_t<kF32, Fp32Math, FastMath>;
@@ -580,7 +605,11 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
   const int n_min = w.n_min, n_max = w.n_max;
   const int it0 = it;
   constexpr bool kOverlap = Tr::overlap(Is_paged, Has_transform);
-  constexpr bool kPingPong = Tr::pingpong(Is_paged, Has_transform);
+  // Split kernels serve swapped decode rows, at most 64 for MQA: one warpgroup's, so ping-pong
+  // would pace that one with the other's turns on padding rows (stop 43: a 128-key tile every
+  // ~3.5 us per CTA with it).  Not at D = 256 or softcap over pages, which spill without it.
+  constexpr bool kPingPong = Tr::pingpong(Is_paged, Has_transform) &&
+                             (!Is_split || Tr::kHeadDim == 256 || (Is_paged && Has_transform));
   const int warp = ctid >> 5, lane = ctid & 31;
   const int wg_first = m0 + Tr::kWgRows * cw;  // first sequence row of this warpgroup
   const int wg_rows = imin(Tr::kWgRows, rows_valid - Tr::kWgRows * cw);  // may be <= 0
@@ -632,11 +661,18 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
     // The ring position of a key tile (this query tile's run n_max - 1 down to n_min).
     auto stage_of = [&](int n_block) { return (it0 + n_max - 1 - n_block) % Tr::kStages; };
     auto phase_of = [&](int n_block) { return ((it0 + n_max - 1 - n_block) / Tr::kStages) & 1; };
-    auto skip_tiles = [&](int hi, int lo) {  // tiles hi-1 .. lo: released unread
+    // Tiles hi-1 .. lo: released unread.  Each EMPTY arrival waits for its own FULL first: that
+    // FULL phase completes only after the previous round's EMPTY did, so the arrival is counted
+    // in its own round.  (Until stop 43 V was released after K's FULL alone: a warpgroup that
+    // skips runs ahead, and its V arrival could complete the previous round's V EMPTY while the
+    // other warpgroup's P V still read that stage -- the split kernels without ping-pong, whose
+    // second warpgroup skips every tile, measured wrong outputs and faults.)
+    auto skip_tiles = [&](int hi, int lo) {
       for (int n_block = hi - 1; n_block >= lo; --n_block) {
-        const int s = stage_of(n_block);
-        pipe::bar_wait(sm.k_full(s), phase_of(n_block));
+        const int s = stage_of(n_block), phase = phase_of(n_block);
+        pipe::bar_wait(sm.k_full(s), phase);
         pipe::bar_arrive(sm.k_empty(s));
+        pipe::bar_wait(sm.v_full(s), phase);
         pipe::bar_arrive(sm.v_empty(s));
       }
     };
@@ -837,6 +873,32 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
     return;
   }
 
+  if constexpr (Is_split) {
+    // Split-KV partials (SplitOut): float32 O / l and the LSE straight from the accumulators,
+    // as the float32 kernel stores O above.  Q's buffer is free once every Q K^T completed.
+    static_assert(!kF32, "split-KV: 16-bit kernels only");
+    if constexpr (!Tr::kSeparateO) pipe::bar_arrive(sm.q_empty());
+    float lse[1][2];
+    softmax.finalize(acc_o, c, lse, sink_log2(p.sinks, bidh));  // no sinks here (SplitOut)
+    const int g = lane >> 2, t = lane & 3;
+    const i64 part_row = (i64)w.split * p.total_q + si.q_start + m0;  // of the tile's row 0
+    float* o_part = so.oaccum + (part_row * p.num_heads + bidh) * p.head_dim;
+    float* lse_part = so.lse_accum + ((i64)w.split * p.num_heads + bidh) * p.total_q + si.q_start + m0;
+    const i64 o_part_row = (i64)p.num_heads * p.head_dim;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = Tr::kWgRows * cw + 16 * warp + 8 * h + g;
+      if (row >= rows_valid) continue;
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt)
+        if (8 * dt + 2 * t < p.head_dim)
+          st_global_f32x2(o_part + row * o_part_row + 8 * dt + 2 * t, acc_o[0][dt][2 * h],
+                          acc_o[0][dt][2 * h + 1]);
+      if (t == 0) lse_part[row] = lse[0][h];
+    }
+    return;
+  }
+
   // Epilogue: O /= l, LSE.  O goes through this warpgroup's own rows of the staging tile (its
   // own buffer, or without kSeparateO the Q tile, whose last wgmma has completed) so that the
   // global stores are 16-byte and row-contiguous rather than 4-byte pairs.
@@ -879,9 +941,11 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
 }
 
 // `sc`: the float32 kernel's plane scales (Tr::kPlanes = 2; unused otherwise).
-template <class Tr, class Elem, bool Has_transform, bool Is_paged>
+// `so`: the split-KV partials of the Is_split kernels (unused otherwise).
+template <class Tr, class Elem, bool Has_transform, bool Is_paged, bool Is_split = false>
 __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps& maps,
-                                               int* tile_counter, const F32Scales& sc = {}) {
+                                               int* tile_counter, const F32Scales& sc = {},
+                                               const SplitOut& so = {}) {
   extern __shared__ __align__(16) unsigned char smem[];  // aligned up by Sm90Smem
   const int tidx = threadIdx.x, wg = tidx >> 7;
   const Sm90Smem<Tr> sm(smem);
@@ -900,7 +964,8 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
   __syncthreads();
 
   // tile_counter: the dynamic schedule's counter, or null for static rounds (tile_scheduler.cuh).
-  const int num_tiles = p.tiles_m * p.num_heads * p.batch;
+  const int num_splits = Is_split ? so.num_splits : 1;
+  const int num_tiles = p.tiles_m * p.num_heads * p.batch * num_splits;
   TileScheduler sched;
   if (wg == 0) {
     pipe::regs_dealloc<Tr::kProducerRegs>();
@@ -916,7 +981,8 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
           sched.post(lens, sm.sched_bars(), sm.sched_slots);
         }
       };
-      if (i >= num_tiles || !tile_at<Tr, Is_paged>(p, i, w, nullptr, post)) continue;
+      if (i >= num_tiles || !tile_at<Tr, Is_paged, Is_split>(p, i, w, nullptr, post, num_splits))
+        continue;
       // Paged: the page ids of the tile's first key tile are read BEFORE the wait for the
       // consumers' last Q, so the load lands while they finish the previous tile instead of on
       // the path of the tile's first K copy (measured: no change at S = 512, paged 16 stayed
@@ -943,21 +1009,25 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
     pipe::regs_alloc<Tr::kConsumerRegs>();
     const int cw = wg - 1;
     // Ping-pong: warpgroup 0 takes the first turn (see consumer), once for the whole schedule.
-    if (Tr::pingpong(Is_paged, Has_transform) && cw == 1) pipe::named_arrive(1, 256);
+    constexpr bool kPingPong = Tr::pingpong(Is_paged, Has_transform) &&
+                               (!Is_split || Tr::kHeadDim == 256 || (Is_paged && Has_transform));
+    if (kPingPong && cw == 1) pipe::named_arrive(1, 256);
     int it = 0, tq = 0;
     for (;;) {
       Sm90Tile w;
       if (tile_counter == nullptr) {  // static: every thread walks the rounds itself
         const int i = sched.next(num_tiles, nullptr, 0, 0, false);
         if (i < 0) break;
-        if (i >= num_tiles || !tile_at<Tr, Is_paged>(p, i, w)) continue;
+        if (i >= num_tiles || !tile_at<Tr, Is_paged, Is_split>(p, i, w, nullptr, {}, num_splits))
+          continue;
       } else {  // dynamic: the claim, with the rows the producer resolved
         u32 lens[4];
         const int i = sched.read_post(lens, sm.sched_bars(), sm.sched_slots);
         if (i < 0) break;
-        if (!tile_at<Tr, Is_paged>(p, i, w, &lens)) continue;
+        if (!tile_at<Tr, Is_paged, Is_split>(p, i, w, &lens, {}, num_splits)) continue;
       }
-      consumer<Tr, Elem, Has_transform, Is_paged>(p, sc, w, sm, it, tq, cw, tidx - 128 * wg);
+      consumer<Tr, Elem, Has_transform, Is_paged, Is_split>(p, sc, so, w, sm, it, tq, cw,
+                                                           tidx - 128 * wg);
       ++tq;
     }
   }

@@ -51,8 +51,11 @@ def mixed_split(problem):
     return decode_len_q_limit(p.num_heads, p.num_heads_k)
 
 
-def route(problem):
-    """Which kernels serve ``problem``: ``("decode", None)`` when :func:`decode_applies`;
+def route(problem, device_cc=None):
+    """Which kernels serve ``problem``: ``("decode_sm90", None)`` for an MQA decode step that
+    the sm90 split-KV kernel serves with swapped rows (``decode_sm90.swapped_decode_applies``;
+    ``device_cc``: the compute capability it is judged for, default the current device's);
+    ``("decode", None)`` when :func:`decode_applies`;
     ``("mixed", limit)`` for a varlen batch whose sequences of at most ``limit`` queries go to
     the decode kernel and the rest to prefill (:func:`mixed_split`); else ``("prefill", None)``.
     The one place this choice is made (plans and :func:`describe_launches` both ask it)."""
@@ -62,6 +65,10 @@ def route(problem):
         return "prefill", None  # float32 / float64: one kernel for every query length
     if problem.kv_float8 is not None:
         return "decode", None  # float8 K/V: only the decode kernel reads them (any query length)
+    from .decode_sm90 import swapped_decode_applies
+
+    if swapped_decode_applies(problem, device_cc):
+        return "decode_sm90", None
     if decode_applies(problem):
         return "decode", None
     limit = mixed_split(problem)
@@ -78,6 +85,10 @@ def plan_attention(problem):
 
     check_fits(problem)  # a typed error, not a CUDA one at the first launch
     kind, limit = route(problem)
+    if kind == "decode_sm90":
+        from .decode_sm90 import Sm90DecodePlan
+
+        return (Sm90DecodePlan(problem),)
     if kind == "decode":
         return (DecodePlan(problem),)
     if kind == "prefill":
@@ -99,8 +110,12 @@ def describe_launches(problem, sm_count=None, arch=None, device_cc=None) -> tupl
     from .decode import DECODE_THREADS, decode_grid, plan as decode_plan
     from .schedule import launch_grid
 
-    kind, limit = route(problem)
+    kind, limit = route(problem, device_cc)
     out = []
+    if kind == "decode_sm90":
+        from .decode_sm90 import swapped_decode_plan
+
+        return (swapped_decode_plan(problem, sm_count if sm_count is not None else 132),)
     if kind in ("decode", "mixed"):
         key, m_blocks, splits = decode_plan(problem, len_q_max=limit, sm_count=sm_count)
         grid = decode_grid(problem, m_blocks, splits, key.v_splits)

@@ -148,6 +148,10 @@ def is_precise(dtype_tag: str) -> bool:
 #: sends these problems to sm80.  Empty today (every one compiles spill-free); the place to
 #: park a combination that stops doing so.
 SM90_UNSHIPPED = frozenset()
+#: Split-KV instantiations (KernelKey.split) not shipped, as (head_dim, transform, paged):
+#: D = 256 with softcap over a paged cache spills 160 bytes in its consumer (ptxas, sm_90a);
+#: those decode steps stay on the mma.sync decode kernel (decode_sm90.py).
+SM90_SPLIT_UNSHIPPED = frozenset({(256, True, True)})
 #: sm90 buckets with a "wide" kernel (KernelKey.wide): the key tile FlashAttention-3 uses when no
 #: causal / local window bands the tiles -- 176 keys at D = 128 against 128 with a window
 #: (sm90/kernel_traits.cuh has the measurement).  Dense or varlen K/V, no softcap / ALiBi.
@@ -175,7 +179,9 @@ class KernelKey:
     arch: the kernel family (ARCHS), i.e. which ``cuda_src/<arch>/flash_fwd.cu`` it is built from.
     wide: the sm90 kernel with the wider key tile of SM90_WIDE_BUCKETS, for problems without a
     causal / local window and with keys of at least SM90_WIDE_MIN_KEYS (launch.select_kernel;
-    any problem is still correct on it)."""
+    any problem is still correct on it).
+    split: the sm90 kernel's split-KV variant (flash_fwd.cu SplitOut: float32 partials for the
+    decode combine kernel), which ``decode_sm90.py`` runs for MQA decode steps."""
 
     dtype: str  # "f16" | "bf16" | PRECISE_DTYPES (sm80; "f32" also sm90, dense / varlen)
     head_dim: int  # bucket, one of HEAD_DIM_BUCKETS
@@ -183,6 +189,7 @@ class KernelKey:
     paged: bool = False
     arch: str = "sm80"
     wide: bool = False
+    split: bool = False
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -201,10 +208,13 @@ class KernelKey:
                           or self.head_dim not in SM90_WIDE_BUCKETS):
             raise ValueError(f"KernelKey.wide: only sm90 dense kernels without transform of "
                              f"buckets {SM90_WIDE_BUCKETS}, got {self!r}")
+        if self.split and (self.arch != "sm90" or self.wide or self.dtype not in DTYPES):
+            raise ValueError(f"KernelKey.split: only 16-bit sm90 kernels of the 128-key tile, "
+                             f"got {self!r}")
 
     @property
     def name(self) -> str:
-        flags = [f for f in ("transform", "paged", "wide") if getattr(self, f)]
+        flags = [f for f in ("transform", "paged", "wide", "split") if getattr(self, f)]
         return "_".join([family_prefix("fwd", self.arch), self.dtype, f"d{self.head_dim}", *flags])
 
     def __str__(self) -> str:
@@ -328,6 +338,10 @@ def shipped_keys(arch: str = "sm80") -> list:
     ]
     if arch == "sm90":
         keys += [KernelKey(dt, d, arch="sm90", wide=True) for dt in DTYPES for d in SM90_WIDE_BUCKETS]
+        keys += [KernelKey(dt, d, tf, pg, "sm90", split=True)
+                 for dt, d, tf, pg in itertools.product(DTYPES, SM90_HEAD_DIM_BUCKETS,
+                                                        (False, True), (False, True))
+                 if (d, tf, pg) not in SM90_SPLIT_UNSHIPPED]
     return keys
 
 
@@ -351,6 +365,10 @@ FWD_ARGS = ArgPack("fa_fwd_args", PARAMS)
 SM90_EXTRA = (("int*", "tile_counter"),)
 #: The sm90 entry points' argument: the TMA maps of q, k, v, then PARAMS + SM90_EXTRA (tma.py).
 SM90_ARGS = TmaArgPack("fa_fwd_sm90_args", ArgPack("fa_fwd_sm90_base", PARAMS + SM90_EXTRA))
+#: The split-KV sm90 entry points' fields after SM90_EXTRA (flash_fwd.cu SplitOut).
+SM90_SPLIT_EXTRA = (("float*", "oaccum"), ("float*", "lse_accum"), ("int", "num_splits"))
+SM90_SPLIT_ARGS = TmaArgPack("fa_fwd_sm90_split_args",
+                             ArgPack("fa_fwd_sm90_split_base", PARAMS + SM90_EXTRA + SM90_SPLIT_EXTRA))
 #: The Hopper float32 entry points' fields after SM90_EXTRA: the planes' scales (f32_planes.py).
 SM90_F32_EXTRA = (("const float*", "q_rscale"), ("const float*", "kv_rscale"))
 SM90_F32_ARGS = TmaArgPack("fa_fwd_sm90_f32_args",
@@ -403,17 +421,26 @@ def _wrapper_sm90(key: KernelKey) -> str:
     elem = "fa::Bf16" if key.dtype == "bf16" else "fa::F16"
     b = lambda x: "true" if x else "false"  # noqa: E731
     tr_cxx = f"fa::Sm90FwdTraits<{key.head_dim}, {b(key.paged)}, {b(key.wide)}>"
+    flags = f"{b(key.transform)}, {b(key.paged)}"
+    if key.split:
+        struct = SM90_SPLIT_ARGS.struct_name
+        call = (f"  const fa::SplitOut so{{a.base.oaccum, a.base.lse_accum, a.base.num_splits}};\n"
+                f"  fa::flash_fwd_sm90<{tr_cxx}, {elem}, {flags}, true>(p, maps, a.base.tile_counter,\n"
+                f"                                                   fa::F32Scales{{}}, so);")
+    else:
+        struct = SM90_ARGS.struct_name
+        call = (f"  fa::flash_fwd_sm90<{tr_cxx}, {elem}, {flags}>(p, maps,\n"
+                f"                                                                           a.base.tile_counter);")
     # (threads, 1): setmaxnreg needs the register cap at entry that the 1 gives.
     return f"""
 static_assert({tr_cxx}::kNThreads == {t.num_threads} && {tr_cxx}::kSmemBytes == {t.smem_bytes},
               "{key.name}: the host's launch geometry differs from sm90/kernel_traits.cuh");
 extern "C" __global__ void __launch_bounds__({t.num_threads}, 1) {key.name}(
-    const __grid_constant__ fa_fwd_sm90_args a) {{
+    const __grid_constant__ {struct} a) {{
   fa::FwdParams p;
 {FWD_ARGS.assign("p", "a.base")}
   const fa::TmaMaps maps{{&a.tma_q, &a.tma_k, &a.tma_v}};
-  fa::flash_fwd_sm90<{tr_cxx}, {elem}, {b(key.transform)}, {b(key.paged)}>(p, maps,
-                                                                           a.base.tile_counter);
+{call}
 }}
 """
 
@@ -451,9 +478,12 @@ def kernel_source(keys: Union[KernelKey, Iterable[KernelKey]]) -> str:
     if precise == {True} and arch == "sm80":
         return (build_source("sm80/flash_fwd_precise.cu") + '#line 1 "<generated entry points>"\n'
                 + FWD_ARGS.c_struct() + PRECISE_ARGS.c_struct() + "".join(_wrapper(k) for k in keys))
-    # sm90: the TMA maps' struct; the float32 (planes) keys' one also carries their scales.
-    tma_pack = SM90_F32_ARGS if precise == {True} else SM90_ARGS
-    structs = FWD_ARGS.c_struct() + (tma_pack.base.c_struct() + tma_pack.c_struct()
+    # sm90: the TMA maps' struct; the float32 (planes) keys' one also carries their scales,
+    # the split-KV keys' one their partials.
+    packs = [SM90_F32_ARGS] if precise == {True} else [SM90_ARGS]
+    if arch == "sm90" and any(k.split for k in keys):
+        packs = ([SM90_ARGS] if not all(k.split for k in keys) else []) + [SM90_SPLIT_ARGS]
+    structs = FWD_ARGS.c_struct() + ("".join(pk.base.c_struct() + pk.c_struct() for pk in packs)
                                      if arch == "sm90" else "")
     return (build_source(f"{arch}/flash_fwd.cu") + '#line 1 "<generated entry points>"\n'
             + structs + "".join(_wrapper(k) for k in keys))

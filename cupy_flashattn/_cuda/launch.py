@@ -132,7 +132,9 @@ def describe_prefill_path(device_cc=None) -> str:
            "high": ("the float16 planes where they serve, else TF32 on sm80" if family == "sm90"
                     else "TF32"),
            "medium": "bfloat16 operands on the 16-bit kernels"}[mode]
-    return (f"{_FAMILY_WORDS[family]} ({how}); decode: sm80 split-KV; float32: {mode!r} ({f32}; "
+    decode = ("sm80 split-KV; MQA steps (one query token, >= 16 heads): the sm90 split-KV kernel "
+              "with swapped rows" if family == "sm90" else "sm80 split-KV")
+    return (f"{_FAMILY_WORDS[family]} ({how}); decode: {decode}; float32: {mode!r} ({f32}; "
             "set_float32_precision), float64: DMMA on the sm80 float64 kernel")
 
 

@@ -154,7 +154,9 @@ def test_wide_groups(d, h, hk, sq, page):
     """More than 16 packed rows per kv head (MQA; GQA with several query tokens): several 16-row
     tiles of one kv head, each its own CTA over the same keys.  48 / 40 / 36 rows leave the last
     tile partly padding; 64 rows take four.  Split (the heuristic's, and forced 3: the fused
-    merge) and unsplit."""
+    merge) and unsplit.  On compute capability 9.0, MQA with one query token runs the sm90
+    split kernel with swapped rows instead (tests/gpu/test_decode_sm90.py), correct all the
+    same."""
     from cupy_flashattn import _cuda
 
     for splits in (0, 3):
@@ -163,7 +165,8 @@ def test_wide_groups(d, h, hk, sq, page):
                                lens_q=[sq] * 3, lens_k=[1, 300, 97], page=page, num_splits=splits,
                                causal=sq > 1)
         (launch,) = _cuda.describe_launches(problem)
-        assert launch["kind"] == "decode" and launch["grid"][0] % -(-sq * (h // hk) // 16) == 0, launch
+        if launch["kind"] != "decode_sm90":
+            assert launch["kind"] == "decode" and launch["grid"][0] % -(-sq * (h // hk) // 16) == 0, launch
         check(problem)
 
 

@@ -1,0 +1,274 @@
+"""MQA decode steps on the Hopper prefill kernel (sm90/flash_fwd.cu, its split-KV variant).
+
+A decode step of one query token over one kv head (MQA: H query heads, Hk = 1) is, in memory,
+the same thing as a prefill of H query *rows* of a single head: q (B, H, D) rows of one token
+read as (B * H, 1, D) -- sequence b's H rows, one head -- cover the same bytes, and so do out
+and the split partials.  (flash-attn 2 makes the same swap for its decode path,
+``seqlenq_ngroups_swapped``.)  The H rows of a sequence then form one query tile of the sm90
+kernel, whose producer streams K / V as 128-key TMA tiles through a multi-stage ring (tens of
+KB in flight per SM) -- what the mma.sync decode kernel's per-warp rings could not do for MQA
+(0.44 of copy bandwidth at B = 64, benchmarks/NOTES.md stops 39-42).
+
+The swap holds where every query row sees the same keys: one query per sequence (dense q,
+Sq = 1; causal and a right window are then no-ops), no left window, no ALiBi (its bias
+depends on the query position and the head) and no prefix ranges.  Sinks are per head: the
+kernel leaves them out of its partials and the combine kernel adds them in the caller's
+coordinates.  Split-KV (the Is_split kernels, flash_fwd.cu SplitOut) runs each sequence's key
+tiles as ``splits`` runs on as many persistent CTAs; the decode combine kernel
+(sm80/flash_decode.cu combine_states, also for one split: it writes the LSE, whose (H, B) layout
+the swapped kernel cannot) merges them into ``out`` and ``softmax_lse``.
+
+``CUPY_FLASHATTN_DECODE_SM90=0`` keeps every decode step on the mma.sync decode kernel (the
+A/B baseline)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+
+from ..problem import AttentionProblem
+from .args import Operands, aligned, compute_dtype, problem_pointers
+from .compile import (SM90_HEAD_DIM_BUCKETS, SM90_SPLIT_ARGS, SM90_SPLIT_UNSHIPPED, KernelKey,
+                      bucket_for, get_kernel, is_precise, kernel_dtype_tag, key_traits)
+from .decode import (COMBINE_ARGS, COMBINE_PAIRS_PER_CTA, COMBINE_THREADS,
+                     SPLIT_WORKSPACE_KEEP_BYTES, _combine_kernel, _elem_code, _es, _sm_count,
+                     combine_values)
+from .launcher import Launch, TmaLaunch
+from .tma import fwd_geometries
+
+__all__ = [
+    "DECODE_SM90_ENV",
+    "SM90_SPLIT_UNSHIPPED",
+    "Sm90DecodePlan",
+    "swapped_decode_applies",
+    "swapped_decode_plan",
+    "swapped_launch",
+    "swapped_splits",
+    "swapped_view",
+]
+
+DECODE_SM90_ENV = "CUPY_FLASHATTN_DECODE_SM90"
+
+#: Query heads of the kv head from which the swap is taken: a 16-row mma.sync decode tile
+#: already serves up to 16 packed rows at once.
+SWAP_MIN_HEADS = 16
+
+#: The most split partials a sequence gets: the combine kernel merges one (row, head) pair per
+#: warp, its splits one after another, so its time grows with the split count.
+SWAP_MAX_SPLITS = 32
+#: Key tiles a split run gets at least: measured (stop 43, H100, MQA 32/1 D = 128 page 16,
+#: forced counts) the best counts were B = 1 ctx 4096: 8 splits (4 tiles each; 20.9 us against
+#: 29.0 at 32), B = 4 ctx 8192: 16 (4 tiles; 27.5 against 36.8 at 32), B = 1 ctx 32768: 32
+#: (8 tiles; 16 took 43.6), B = 16 ctx 16384: 8 (16 tiles, the SM bound).
+SWAP_MIN_TILES_PER_SPLIT = 4
+
+
+def _enabled() -> bool:
+    return os.environ.get(DECODE_SM90_ENV, "1").strip() != "0"
+
+
+def swapped_decode_applies(problem: AttentionProblem, device_cc=None) -> bool:
+    """Whether this decode step runs on the sm90 split-KV kernel with swapped rows (module
+    docstring): MQA with at least SWAP_MIN_HEADS query heads, dense q of one token per
+    sequence, 16-bit q / k / v (no float8 K/V), head dim <= 256, no left window, ALiBi or
+    prefix ranges, arrays the kernel reads and writes in place, on a GPU whose prefill family
+    is sm90."""
+    from .launch import prefill_arch
+
+    p = problem
+    if not _enabled() or p.num_heads_k != 1 or p.num_heads < SWAP_MIN_HEADS:
+        return False
+    if p.cu_seqlens_q is not None or int(p.seqlen_q) != 1 or int(p.max_seqlen_q) != 1:
+        return False
+    if p.kv_float8 is not None or is_precise(kernel_dtype_tag(p.q.dtype)):
+        return False
+    if p.window_left >= 0 or p.alibi_slopes is not None:
+        return False
+    if p.mm_prefix_ranges is not None and p.mm_prefix_ranges.size:
+        return False
+    if p.head_dim > SM90_HEAD_DIM_BUCKETS[-1] or p.head_dim % 8 or p.total_q == 0:
+        return False
+    bucket = bucket_for(p.head_dim, SM90_HEAD_DIM_BUCKETS)
+    if (bucket, _transform(p), p.paged) in SM90_SPLIT_UNSHIPPED:
+        return False
+    try:
+        if prefill_arch(p.head_dim, _transform(p), p.paged, device_cc) != "sm90":
+            return False
+    except ValueError:
+        return False
+    return _swappable(p)
+
+
+def _swappable(p: AttentionProblem) -> bool:
+    """q and out hold each token's H rows D elements apart (so (B * H, 1, D) is a view of the
+    same bytes), every operand is in the kernel's dtype and 16-byte aligned, and the LSE is
+    a plain (H, B) array."""
+    dt = compute_dtype(kernel_dtype_tag(p.q.dtype))
+    for a in (p.q, p.out):
+        if a.dtype != dt or not aligned(a) or a.strides[1] != a.itemsize * p.head_dim:
+            return False
+    if p.k.dtype != dt or p.v.dtype != dt:
+        return False
+    if not (aligned(p.k) and aligned(p.v) and p.k.strides == p.v.strides):
+        return False
+    lse = p.softmax_lse
+    return lse.ndim == 2 and lse.strides[-1] == lse.itemsize
+
+
+def _rows_view(a, rows: int, head_dim: int):
+    """(rows, 1, D) view of a (B, H, D) array whose heads are D apart (_swappable)."""
+    import cupy
+
+    item = a.itemsize
+    return cupy.ndarray((rows, 1, head_dim), dtype=a.dtype, memptr=a.data,
+                        strides=(item * head_dim, item * head_dim, item))
+
+
+def swapped_view(problem: AttentionProblem) -> AttentionProblem:
+    """The problem the kernel runs: sequence b's H query heads as H query rows of one head
+    (q, out (B * H, 1, D)), non-causal (Sq = 1: causal and a right window hide no key), no
+    sinks (the combine adds them), LSE a (1, B * H) view (the split kernel writes none)."""
+    p = problem
+    B, H, D = int(p.batch_size), p.num_heads, p.head_dim
+    lse = p.softmax_lse.reshape(1, -1)
+    return dataclasses.replace(
+        p, q=_rows_view(p.q, B * H, D), out=_rows_view(p.out, B * H, D), softmax_lse=lse,
+        seqlen_q=H, max_seqlen_q=H, window_left=-1, window_right=-1, sinks=None)
+
+
+def swapped_splits(problem: AttentionProblem, block_n: int, sm_count: int) -> int:
+    """Key runs per sequence: the user's ``num_splits`` when given, else enough runs for the
+    sequences to occupy every SM once (B * splits <= sm_count; the persistent grid has one
+    CTA per SM), at most SWAP_MAX_SPLITS and at least SWAP_MIN_TILES_PER_SPLIT key tiles a
+    run, and no run without a key tile: the count is
+    ceil(tiles / per) for per = ceil(tiles / wanted), so every run gets ``per`` tiles but the
+    last."""
+    p = problem
+    tiles = max(1, -(-int(p.max_seqlen_k) // block_n))
+    if p.num_splits and p.num_splits > 0:
+        wanted = int(p.num_splits)
+    else:
+        wanted = max(1, min(SWAP_MAX_SPLITS, int(sm_count) // max(1, int(p.batch_size)),
+                            tiles // SWAP_MIN_TILES_PER_SPLIT))
+    per = -(-tiles // max(1, min(wanted, tiles)))
+    return -(-tiles // per)
+
+
+def _transform(p: AttentionProblem) -> bool:
+    """Softcap, or a scale the kernel cannot fold into exp2 (launch.select_kernel's rule)."""
+    return p.softcap > 0 or not (p.softmax_scale > 0 and np.isfinite(p.softmax_scale))
+
+
+@dataclasses.dataclass(frozen=True)
+class SwappedLaunch:
+    """The host's numbers of a swapped decode step (host-only, no GPU needed)."""
+
+    key: KernelKey
+    splits: int
+    tiles_m: int  # query tiles per sequence of the swapped view: ceil(H / block_m)
+    grid: tuple  # (persistent CTAs, 1, 1): one per work item up to one per SM
+    dynamic: bool  # the CTAs claim items from a counter (lengths on the device)
+
+
+def swapped_launch(problem: AttentionProblem, sm_count: int) -> SwappedLaunch:
+    """Kernel, split count and persistent grid of a swapped decode step on ``sm_count`` SMs."""
+    p = problem
+    key = KernelKey(kernel_dtype_tag(p.q.dtype), bucket_for(p.head_dim, SM90_HEAD_DIM_BUCKETS),
+                    _transform(p), p.paged, "sm90", split=True)
+    tr = key_traits(key)
+    splits = swapped_splits(p, tr.block_n, sm_count)
+    tiles_m = -(-p.num_heads // tr.block_m)
+    items = tiles_m * int(p.batch_size) * splits
+    grid = (max(1, min(items, int(sm_count))), 1, 1)
+    lengths_on_device = any(x is not None for x in (p.cu_seqlens_k, p.seqused_k, p.leftpad_k))
+    return SwappedLaunch(key, splits, tiles_m, grid, grid[0] < items and lengths_on_device)
+
+
+def swapped_decode_plan(problem: AttentionProblem, sm_count: int) -> dict:
+    """``describe_launches``' entry for a swapped decode step (its kernel and the combine)."""
+    s = swapped_launch(problem, sm_count)
+    tr = key_traits(s.key)
+    return dict(kind="decode_sm90", kernel=s.key.name, arch="sm90", grid=s.grid,
+                block=(tr.num_threads,), smem=tr.smem_bytes, splits=s.splits, len_q=(1, 1))
+
+
+class Sm90DecodePlan:
+    """Host-side decisions of one swapped decode step (module docstring): the split kernel's
+    key, grid and packed arguments made from the swapped view, and the combine launch in the
+    caller's coordinates.  :meth:`run` rebinds the call's arrays (the view shares their
+    addresses, so the caller's arrays bind directly) and launches both (no host sync,
+    CUDA-graph safe)."""
+
+    direct = True
+
+    def __init__(self, problem: AttentionProblem, sm_count=None):
+        p = problem
+        view = swapped_view(p)
+        if sm_count is None:
+            import cupy
+
+            sm_count = _sm_count(cupy.cuda.Device().id)
+        s = swapped_launch(p, sm_count)
+        self.key, self.splits, self.tiles_m, self.grid = s.key, s.splits, s.tiles_m, s.grid
+        self.dynamic = s.dynamic  # lengths on the device: CTAs claim items from a counter
+        tr = key_traits(self.key)
+        self._counters: dict = {}
+        self._workspaces: dict = {}
+        B, H, D = int(p.batch_size), p.num_heads, p.head_dim
+        self.oacc_shape = (self.splits, B, H, D)
+        self.lacc_shape = (self.splits, B * H)
+        self.keep_partials = 4 * self.splits * B * H * (D + 1) <= SPLIT_WORKSPACE_KEEP_BYTES
+        ops = Operands(view, compute_dtype(self.key.dtype))
+        assert ops.direct, "swapped_decode_applies admits only arrays the kernel reads in place"
+        values = ops.fwd_values(tiles_m=self.tiles_m)
+        values.update(tile_counter=None, oaccum=None, lse_accum=None, num_splits=self.splits)
+        self.launch = TmaLaunch(get_kernel(self.key), self.grid, (tr.num_threads,), tr.smem_bytes,
+                                SM90_SPLIT_ARGS, SM90_SPLIT_ARGS.new(values),
+                                fwd_geometries(values, tr.block_m, tr.block_n, p.paged))
+        # The combine in the caller's coordinates: pair (row b, head h) reads partial row
+        # b * H + h of the swapped view (o: split, b, h, d; lse: split, b * H + h) and writes
+        # out[b, h] and softmax_lse[h, b]; the call's sinks join here.
+        out, lse = p.out, p.softmax_lse
+        cvals = combine_values(
+            None, None, out, lse, sinks=p.sinks, splits=self.splits, rows=B, heads=H, head_dim=D,
+            o_split=B * H * D, o_row=H * D, o_head=D, lse_split=B * H, lse_rows=1, lse_batch=H,
+            lse_head=1, out_row=_es(out, 0), out_head=_es(out, 1), lse_out_batch=1,
+            lse_out_head=lse.strides[0] // lse.itemsize, in_type=0, out_type=_elem_code(out.dtype))
+        self.combine_launch = Launch(_combine_kernel(), (-(-(B * H) // COMBINE_PAIRS_PER_CTA),),
+                                     (COMBINE_THREADS,), 0, COMBINE_ARGS, COMBINE_ARGS.new(cvals))
+
+    def _per_stream(self, store: dict, make):
+        import cupy
+
+        key = cupy.cuda.get_current_stream().ptr
+        value = store.get(key)
+        if value is None:
+            value = store[key] = make(cupy)
+        return value
+
+    def _partials(self):
+        """The split partials: kept per stream when small (calls on one stream run in order, so
+        a call's partials are combined before the next call's kernel writes them), as the
+        decode plan keeps its own (decode.py SPLIT_WORKSPACE_KEEP_BYTES)."""
+        def make(cp):
+            return (cp.empty(self.oacc_shape, dtype=np.float32),
+                    cp.empty(self.lacc_shape, dtype=np.float32))
+
+        if not self.keep_partials:
+            import cupy
+
+            return make(cupy)
+        return self._per_stream(self._workspaces, make)
+
+    def run(self, p: AttentionProblem) -> None:
+        # The counter is kept per stream too (the kernel leaves it at 0 for the next launch).
+        oacc, lacc = self._partials()
+        pointers = problem_pointers(p)
+        pointers.update(sinks=None, oaccum=oacc, lse_accum=lacc, tile_counter=(
+            self._per_stream(self._counters, lambda cp: cp.zeros(2, dtype=np.int32))
+            if self.dynamic else None))
+        self.launch(pointers)
+        self.combine_launch({"o_in": oacc, "lse_in": lacc, "o_out": p.out,
+                             "lse_out": p.softmax_lse, "sinks": p.sinks})

@@ -1,0 +1,165 @@
+"""GPU tests of MQA decode on the sm90 split-KV kernel with swapped rows (_cuda/decode_sm90.py,
+sm90/flash_fwd.cu Is_split) against the float64 NumPy reference, with flash-attn's bound
+(test_gpu_decode.check: outputs NaN-poisoned before the launch, LSE compared too).  Every case
+first asserts which kernel serves it, so a routing change cannot turn these into tests of the
+mma.sync decode kernel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+pytest.importorskip("ml_dtypes")
+
+from test_gpu_decode import BF16, F16, check, make_problem  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hopper():
+    from cupy_flashattn import _cuda
+
+    if not _cuda.is_available() or int(cupy.cuda.Device().compute_capability) != 90:
+        pytest.skip("the swapped decode path runs on compute capability 9.0 only")
+
+
+def _kind(problem) -> str:
+    from cupy_flashattn import _cuda
+
+    (launch,) = _cuda.describe_launches(problem)
+    return launch["kind"]
+
+
+def run(problem, kind="decode_sm90"):
+    from cupy_flashattn._cuda import decode_applies
+
+    assert _kind(problem) == kind
+    check(problem, expect_decode=decode_applies(problem))  # (the mma.sync decode kernel's rule)
+
+
+@pytest.mark.parametrize("dt", [F16, BF16], ids=str)
+@pytest.mark.parametrize("d", [40, 64, 80, 128, 136, 192, 200, 256])
+@pytest.mark.parametrize("page", [0, 16])
+def test_head_dims(dt, d, page):
+    """Every head-dim bucket (40 -> 64, 80 -> 128, 136 -> 192, 200 -> 256: columns past D are
+    the TMA box's zeros), dense and paged K/V, lengths 1 / 97 / 1025 (a partial last tile and
+    page)."""
+    rng = np.random.default_rng(d * 10 + page)
+    run(make_problem(rng, dt=dt, d=d, h=32, hk=1, lens_q=[1, 1, 1], lens_k=[1, 97, 1025],
+                     page=page))
+
+
+@pytest.mark.parametrize("page", [1, 7, 16, 48, 64, 256])
+@pytest.mark.parametrize("splits", [0, 1, 3, 70])
+def test_pages_and_splits(page, splits):
+    """Page sizes that the TMA producer loads by box (16, 64, 256) and that it gathers (1, 7,
+    48), scattered pages, and forced split counts: 1 (one partial, the combine writes the
+    LSE), 3, and 70 (more than the longest sequence's key tiles: clamped, no empty run)."""
+    rng = np.random.default_rng(page + 1000 * splits)
+    run(make_problem(rng, d=128, h=32, hk=1, lens_q=[1] * 4, lens_k=[5, 1000, 257, 16],
+                     page=page, num_splits=splits))
+
+
+@pytest.mark.parametrize("h", [16, 48, 64, 128, 160])
+def test_head_counts(h):
+    """16 query heads (the fewest swapped), 48 (a partial 64-row warpgroup), 128 (both
+    warpgroups full) and 160 (two query tiles per sequence)."""
+    rng = np.random.default_rng(h)
+    run(make_problem(rng, d=64, h=h, hk=1, lens_q=[1, 1], lens_k=[700, 33], page=16))
+
+
+@pytest.mark.parametrize("sk", [1, 128, 129, 4097, 131072])
+def test_context_lengths(sk):
+    """One sequence: a single key, one whole tile, one key past it, and a long context whose
+    heuristic splits reach SWAP_MAX_SPLITS."""
+    rng = np.random.default_rng(sk)
+    run(make_problem(rng, dt=F16, d=128, h=32, hk=1, lens_q=[1], lens_k=[sk],
+                     page=16 if sk > 9 else 0))
+
+
+@pytest.mark.parametrize("softcap,causal,sinks", [(30.0, False, False), (0.0, True, False),
+                                                  (0.0, False, True), (20.0, True, True)])
+@pytest.mark.parametrize("page", [0, 16])
+def test_logit_variants(softcap, causal, sinks, page):
+    """Softcap (the transform kernel); causal (one query per sequence: a no-op the swap drops);
+    attention sinks, which the kernel's partials leave to the combine kernel."""
+    rng = np.random.default_rng(int(softcap) + 2 * causal + 4 * sinks + page)
+    p = make_problem(rng, d=128, h=32, hk=1, lens_q=[1, 1, 1],
+                     lens_k=[300, 1, 2049], page=page, softcap=softcap, causal=causal,
+                     num_splits=0 if sinks else 4)
+    if sinks:
+        p.sinks = cupy.asarray(rng.uniform(-2.0, 4.0, 32).astype(np.float32))
+    run(p)
+
+
+def test_routing_stays_on_mma_sync_decode(monkeypatch):
+    """What the swap cannot serve keeps the mma.sync decode kernel, correct: a left window,
+    ALiBi, two query tokens, two kv heads, a head dim that is not a multiple of 8, and the
+    switch CUPY_FLASHATTN_DECODE_SM90=0."""
+    rng = np.random.default_rng(5)
+    common = dict(d=64, h=32, lens_q=[1, 1], lens_k=[300, 77], page=16)
+    run(make_problem(rng, hk=1, window=(40, -1), **common), "decode")
+    run(make_problem(rng, hk=1, alibi=True, **common), "decode")
+    run(make_problem(rng, hk=2, **common), "decode")
+    run(make_problem(rng, **{**common, "lens_q": [2, 2], "h": 16}, hk=1, causal=True), "decode")
+    run(make_problem(rng, **{**common, "d": 59}, hk=1), "decode")
+    monkeypatch.setenv("CUPY_FLASHATTN_DECODE_SM90", "0")
+    run(make_problem(rng, hk=1, **common), "decode")
+
+
+def _bf16(rng, shape):
+    return cupy.asarray(rng.standard_normal(shape).astype(np.float32).astype(BF16))
+
+
+def test_through_with_kvcache_and_graph_replay():
+    """flash_attn_with_kvcache over a scattered page pool with one new token appended per step
+    (the append kernel, then the swapped decode), checked against the reference for two steps
+    (the second replays the call cache's plan on new arrays); then a step captured in a CUDA
+    graph and replayed with new queries equals the eager call."""
+    import cupy_flashattn as fa
+    from cupy_flashattn.reference import attention_ref
+
+    rng = np.random.default_rng(11)
+    B, H, D, P, pages = 3, 32, 128, 16, 70
+    lens = np.array([17, 300, 64], np.int32)  # + 3 appended tokens: at most 20 pages a sequence
+    k_cache, v_cache = _bf16(rng, (pages, P, 1, D)), _bf16(rng, (pages, P, 1, D))
+    table = cupy.asarray(rng.permutation(pages)[: B * 20].reshape(B, 20).astype(np.int32))
+    tb = cupy.asnumpy(table)
+    for step in range(2):
+        q = _bf16(rng, (B, 1, H, D))
+        k_new, v_new = _bf16(rng, (B, 1, 1, D)), _bf16(rng, (B, 1, 1, D))
+        out = fa.flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new,
+                                         cache_seqlens=cupy.asarray(lens + step),
+                                         block_table=table)
+        kc, vc, qh = cupy.asnumpy(k_cache), cupy.asnumpy(v_cache), cupy.asnumpy(q)
+        for b in range(B):
+            pos = np.arange(int(lens[b]) + step + 1)
+            kb, vb = kc[tb[b, pos // P], pos % P], vc[tb[b, pos // P], pos % P]
+            ref = attention_ref(qh[b], kb, vb, softmax_scale=D ** -0.5)
+            naive = attention_ref(qh[b], kb, vb, softmax_scale=D ** -0.5, upcast=False)
+            got = cupy.asnumpy(out[b]).astype(np.float64)
+            assert not np.isnan(got).any()
+            bound = 2 * np.abs(naive.astype(np.float64) - ref).max() + 1.6e-2
+            assert np.abs(got - ref).max() <= bound
+    seqlens = cupy.asarray(lens + 2)
+    q = _bf16(rng, (B, 1, H, D))
+
+    def call():
+        return fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
+                                          block_table=table)
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        call()  # warm-up on this stream: plan, workspace, memory pool
+        stream.synchronize()
+        stream.begin_capture()
+        out_graph = call()
+        graph = stream.end_capture()
+        for _ in range(2):
+            q[...] = _bf16(rng, q.shape)
+            graph.launch(stream)
+            expected = call()
+            stream.synchronize()
+            assert cupy.array_equal(out_graph.view(np.uint16), expected.view(np.uint16))

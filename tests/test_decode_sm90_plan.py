@@ -1,0 +1,94 @@
+"""The swapped MQA decode plan (_cuda/decode_sm90.py) decided without a GPU: which decode steps
+the sm90 split-KV kernel takes on a compute capability 9.0 device, its split counts and grid,
+and the split kernels CI compiles (tests/test_nvrtc_compile.py builds every shipped one)."""
+
+import numpy as np
+import pytest
+
+from helpers import require_nvrtc
+
+require_nvrtc()  # traits come from the compiler (device_facts.py)
+
+from cupy_flashattn._cuda import compile as cc  # noqa: E402
+from cupy_flashattn._cuda import describe_launches, route  # noqa: E402
+from cupy_flashattn._cuda import decode_sm90 as ds  # noqa: E402
+from cupy_flashattn.problem import AttentionProblem  # noqa: E402
+
+SMS = 132
+
+
+def _problem(*, H=32, Hk=1, D=128, B=4, Sq=1, max_k=4096, paged=True, dtype=np.float16,
+             window_left=-1, alibi=False, softcap=0.0, num_splits=0, varlen=False):
+    q = np.zeros((B * Sq, H, D), dtype)
+    k = np.zeros((64, 16, Hk, D) if paged else (B * max_k, Hk, D), dtype)
+    return AttentionProblem(
+        q=q, k=k, v=k, out=np.zeros((B * Sq, H, D), dtype),
+        softmax_lse=np.zeros((H, B * Sq), np.float32), batch_size=B, seqlen_q=Sq,
+        seqlen_k=max_k, max_seqlen_q=Sq, max_seqlen_k=max_k,
+        cu_seqlens_q=np.arange(B + 1, dtype=np.int32) * Sq if varlen else None,
+        seqused_k=np.full(B, max_k, np.int32),
+        block_table=np.zeros((B, 256), np.int32) if paged else None,
+        page_block_size=16 if paged else 0, softmax_scale=0.1, window_left=window_left,
+        softcap=softcap, alibi_slopes=np.zeros((B, H), np.float32) if alibi else None,
+        num_splits=num_splits)
+
+
+def test_mqa_decode_takes_the_sm90_split_kernel_on_hopper_only():
+    p = _problem()
+    assert route(p, device_cc=90) == ("decode_sm90", None)
+    assert route(p, device_cc=80) == ("decode", None)
+    (launch,) = describe_launches(p, sm_count=SMS, device_cc=90)
+    assert launch["kind"] == "decode_sm90" and launch["kernel"] == "fa_fwd_sm90_f16_d128_paged_split"
+    # 4 sequences x 8 runs of 4 of the 32 key tiles.
+    assert launch["splits"] == 8 and launch["grid"] == (32, 1, 1)
+
+
+@pytest.mark.parametrize("change", [
+    dict(Hk=2), dict(Hk=8), dict(H=8), dict(Sq=2), dict(varlen=True), dict(window_left=64),
+    dict(alibi=True), dict(D=59), dict(D=320), dict(dtype=np.float32),
+])
+def test_what_the_swap_cannot_serve_keeps_the_other_kernels(change):
+    """GQA (the kv heads' rows are not one strided run of q), fewer than 16 heads, several
+    query tokens or varlen queries, a left window or ALiBi (per-position), a head dim that is
+    not a multiple of 8 or above 256, float32."""
+    assert route(_problem(**change), device_cc=90)[0] != "decode_sm90"
+
+
+def test_switch_and_unshipped(monkeypatch):
+    # The unshipped split kernel (it spills): D = 256 with softcap over pages.
+    assert route(_problem(D=256, softcap=30.0), device_cc=90)[0] == "decode"
+    assert route(_problem(D=200, softcap=30.0, paged=False), device_cc=90)[0] == "decode_sm90"
+    assert route(_problem(D=256), device_cc=90)[0] == "decode_sm90"
+    assert route(_problem(softcap=30.0), device_cc=90)[0] == "decode_sm90"
+    monkeypatch.setenv(ds.DECODE_SM90_ENV, "0")
+    assert route(_problem(), device_cc=90) == ("decode", None)
+
+
+@pytest.mark.parametrize("B,ctx,splits", [
+    (64, 4096, 2), (16, 16384, 8), (1, 4096, 8), (1, 32768, 32), (4, 8192, 16),
+    (1, 100, 1), (1, 129, 1), (1, 1024, 2), (132, 4096, 1), (300, 4096, 1),
+])
+def test_split_counts(B, ctx, splits):
+    """One item per SM at most (B x splits <= 132), SWAP_MAX_SPLITS at most, 4 key tiles (of
+    128 keys) a run at least, and no run without a key tile."""
+    p = _problem(B=B, max_k=ctx)
+    assert ds.swapped_splits(p, 128, SMS) == splits
+    s = ds.swapped_launch(p, SMS)
+    assert s.splits == splits and s.grid == (min(B * splits, SMS), 1, 1)
+    assert s.dynamic == (B * splits > SMS)  # seqused_k: lengths on the device
+
+
+@pytest.mark.parametrize("forced,expect", [(1, 1), (3, 3), (70, 32), (5, 5)])
+def test_forced_split_counts_never_leave_a_run_empty(forced, expect):
+    """A user's num_splits is honoured up to the key tiles (32 at ctx 4096), rounded so that
+    every run has a tile: ceil(32 / ceil(32 / s))."""
+    assert ds.swapped_splits(_problem(max_k=4096, num_splits=forced), 128, SMS) == expect
+
+
+def test_split_kernels_are_shipped_for_every_bucket():
+    keys = [k for k in cc.shipped_keys("sm90") if k.split]
+    assert len(keys) == 2 * len(cc.SM90_HEAD_DIM_BUCKETS) * 4 - 2 * len(cc.SM90_SPLIT_UNSHIPPED)
+    assert all(k.name.endswith("_split") for k in keys)
+    assert {k.head_dim for k in keys} == set(cc.SM90_HEAD_DIM_BUCKETS)
+    with pytest.raises(ValueError):
+        cc.KernelKey("bf16", 128, arch="sm80", split=True)
