@@ -9,11 +9,11 @@ OUT=${OUT:-/tmp/fa_stop43f}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
 L="$OUT/s43f"; mkdir -p "$L"
 stamp "whole GPU suite"
-OUT="$L/suite" N=8 PYTEST_TIMEOUT=${PYTEST_TIMEOUT:-270} SERIAL="" bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 14
+OUT="$L/suite" N=8 PYTEST_TIMEOUT=${PYTEST_TIMEOUT:-200} SERIAL="" bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 14
 stamp "sanitizers, every case"
-OUT="$L/san" TOOL_TIMEOUT=100 bash tools/sanitize.sh 2>&1 | tail -n 6
+OUT="$L/san" TOOL_TIMEOUT=80 bash tools/sanitize.sh 2>&1 | tail -n 6
 stamp "bench_decode.py"
-timeout ${BENCH_TIMEOUT:-90} python3 benchmarks/bench_decode.py --rows 1:4096,1:32768,16:16384,64:4096 \
+timeout ${BENCH_TIMEOUT:-60} python3 benchmarks/bench_decode.py --rows 1:4096,1:32768,16:16384,64:4096 \
   --heads 32/1,32/8 --pages 16,256 --kv bf16 --out "$L/bd" > "$L/bench_decode.txt" 2>&1
 tail -n 3 "$L/bench_decode.txt"
 tar -C "$OUT" -czf "$OUT/s43f.tgz" s43f
