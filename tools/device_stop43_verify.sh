@@ -12,28 +12,7 @@ OUT=${OUT:-/tmp/fa_stop43v}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
 L="$OUT/s43v"; mkdir -p "$L"
 stamp "compile"
-timeout 100 python3 - <<'PY' 2>&1 | tail -n 2
-import dataclasses
-from concurrent.futures import ProcessPoolExecutor
-
-def build(fields):
-    from cupy_flashattn._cuda import compile as cc
-    cc.get_kernel(cc.KernelKey(*fields))
-
-def decode(_):
-    from cupy_flashattn._cuda import decode as dc
-    return len(dc.precompile_decode())
-
-if __name__ == "__main__":
-    from cupy_flashattn._cuda import compile as cc
-    keys = [dataclasses.astuple(k) for k in cc.shipped_keys("sm90")
-            if k.split or k.head_dim == 256]
-    with ProcessPoolExecutor(14) as ex:
-        fs = [ex.submit(build, k) for k in keys] + [ex.submit(decode, 0)]
-        for f in fs:
-            f.result()
-    print(f"compiled {len(keys)} sm90 keys + decode")
-PY
+timeout 100 python3 tools/precompile_parallel.py --only sm90_bf16_d256,sm90_f16_d256,_split 2>&1 | tail -n 2
 stamp "tests"
 OUT="$L/tests_swapped" PRECOMPILE=0 N=4 PYTEST_TIMEOUT=60 SERIAL="" TESTS="tests/gpu/test_decode_sm90.py" \
   bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 6

@@ -2,7 +2,7 @@
 that a device run's tests and benchmarks start with a warm kernel cache ($CUPY_CACHE_DIR).
 Used by tools/device_quick.sh and tools/device_verify.sh.
 
-    PYTHONPATH=. python3 tools/precompile_parallel.py [--jobs 14]
+    PYTHONPATH=. python3 tools/precompile_parallel.py [--jobs 14] [--only _split,_d256]
 """
 
 from __future__ import annotations
@@ -37,13 +37,19 @@ def _decode(_):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=14)
+    ap.add_argument("--only", default="",
+                    help="comma list: only the prefill kernels whose name contains one of these "
+                         "(e.g. _split,_d256), with the decode kernels")
     args = ap.parse_args(argv)
+    only = [x for x in args.only.split(",") if x]
     from cupy_flashattn._cuda import compile as cc
 
     with ProcessPoolExecutor(args.jobs) as ex:
         # Asked in a worker: CUDA initialised in this process would break the forked workers.
         archs = ["sm80", "sm90"] if ex.submit(_device_cc).result() == 90 else ["sm80"]
         shipped = [k for a in archs for k in cc.shipped_keys(a)] + cc.shipped_precise_keys()
+        if only:
+            shipped = [k for k in shipped if any(x in k.name for x in only)]
         # Every field (wide, split included): KernelKey(*fields) rebuilds the very key.
         keys = [dataclasses.astuple(k) for k in shipped]
         futures = [ex.submit(_prefill, k) for k in keys]

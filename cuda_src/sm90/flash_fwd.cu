@@ -582,6 +582,29 @@ __device__ __forceinline__ void issue_pv(float (&acc_o)[1][Tr::kDTiles][4],
   }
 }
 
+// Float32 O rows straight from a consumer warpgroup's accumulators, times `scale`, and their
+// LSEs (the float32 kernel's output, the split kernels' partials): each quad writes 8 x 4
+// contiguous bytes per row and n8 tile (whole 32-byte sectors).  Row r of the CTA tile goes to
+// o + r * o_row and lse[r]; rows from rows_valid on are not stored.
+template <class Tr>
+__device__ __forceinline__ void store_rows_f32(float* o, i64 o_row, float* lse_rows,
+                                               const float (&acc_o)[1][Tr::kDTiles][4],
+                                               const float (&lse)[1][2], float scale, int cw,
+                                               int warp, int lane, int rows_valid, int head_dim) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = Tr::kWgRows * cw + 16 * warp + 8 * h + g;
+    if (row >= rows_valid) continue;
+#pragma unroll
+    for (int dt = 0; dt < Tr::kDTiles; ++dt)
+      if (8 * dt + 2 * t < head_dim)
+        st_global_f32x2(o + (i64)row * o_row + 8 * dt + 2 * t, acc_o[0][dt][2 * h] * scale,
+                        acc_o[0][dt][2 * h + 1] * scale);
+    if (t == 0) lse_rows[row] = lse[0][h];
+  }
+}
+
 // Barrier discipline: a consumer arrives on EMPTY(s) once per round of s, after waiting FULL
 // of that round for K (a tile it skips included: its V round is released without reading it).
 
@@ -856,46 +879,25 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
     float lse[1][2];
     softmax.finalize(acc_o, c, lse, sink_log2(p.sinks, bidh));
     const float o_unscale = sc.kv_rscale[p.num_heads / p.h_per_kv + bidh / p.h_per_kv] / kF32PScale;
-    const int g = lane >> 2, t = lane & 3;
     float* o_tile = reinterpret_cast<float*>(p.o) + (i64)(si.q_start + m0) * p.o_row_stride +
                     (i64)bidh * p.o_head_stride;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = Tr::kWgRows * cw + 16 * warp + 8 * h + g;
-      if (row >= rows_valid) continue;
-#pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt)
-        if (8 * dt + 2 * t < p.head_dim)
-          st_global_f32x2(o_tile + (i64)row * p.o_row_stride + 8 * dt + 2 * t,
-                          acc_o[0][dt][2 * h] * o_unscale, acc_o[0][dt][2 * h + 1] * o_unscale);
-      if (t == 0) p.lse[(i64)bidh * p.lse_head_stride + si.q_start + m0 + row] = lse[0][h];
-    }
+    store_rows_f32<Tr>(o_tile, p.o_row_stride, p.lse + (i64)bidh * p.lse_head_stride + si.q_start + m0,
+                       acc_o, lse, o_unscale, cw, warp, lane, rows_valid, p.head_dim);
     return;
   }
 
   if constexpr (Is_split) {
     // Split-KV partials (SplitOut): float32 O / l and the LSE straight from the accumulators,
-    // as the float32 kernel stores O above.  Q's buffer is free once every Q K^T completed.
+    // as the float32 kernel stores its O.  Q's buffer is free once every Q K^T completed.
     static_assert(!kF32, "split-KV: 16-bit kernels only");
     if constexpr (!Tr::kSeparateO) pipe::bar_arrive(sm.q_empty());
     float lse[1][2];
     softmax.finalize(acc_o, c, lse, sink_log2(p.sinks, bidh));  // no sinks here (SplitOut)
-    const int g = lane >> 2, t = lane & 3;
     const i64 part_row = (i64)w.split * p.total_q + si.q_start + m0;  // of the tile's row 0
     float* o_part = so.oaccum + (part_row * p.num_heads + bidh) * p.head_dim;
     float* lse_part = so.lse_accum + ((i64)w.split * p.num_heads + bidh) * p.total_q + si.q_start + m0;
-    const i64 o_part_row = (i64)p.num_heads * p.head_dim;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = Tr::kWgRows * cw + 16 * warp + 8 * h + g;
-      if (row >= rows_valid) continue;
-#pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt)
-        if (8 * dt + 2 * t < p.head_dim)
-          st_global_f32x2(o_part + row * o_part_row + 8 * dt + 2 * t, acc_o[0][dt][2 * h],
-                          acc_o[0][dt][2 * h + 1]);
-      if (t == 0) lse_part[row] = lse[0][h];
-    }
+    store_rows_f32<Tr>(o_part, (i64)p.num_heads * p.head_dim, lse_part, acc_o, lse, 1.f, cw, warp,
+                       lane, rows_valid, p.head_dim);
     return;
   }
 
