@@ -54,6 +54,15 @@ def test_what_the_swap_cannot_serve_keeps_the_other_kernels(change):
     assert route(_problem(**change), device_cc=90)[0] != "decode_sm90"
 
 
+def test_strided_queries_keep_the_decode_kernel():
+    """q rows further apart than H * D (q sliced from a packed QKV tensor): (B * H, 1, D) would
+    not be a view of the same bytes."""
+    p = _problem()
+    packed = np.zeros((p.q.shape[0], 3 * p.num_heads, p.head_dim), p.q.dtype)
+    p.q = packed[:, : p.num_heads]
+    assert route(p, device_cc=90) == ("decode", None)
+
+
 def test_switch_and_unshipped(monkeypatch):
     # The unshipped split kernel (it spills): D = 256 with softcap over pages.
     assert route(_problem(D=256, softcap=30.0), device_cc=90)[0] == "decode"

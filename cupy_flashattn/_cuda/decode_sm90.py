@@ -102,12 +102,16 @@ def swapped_decode_applies(problem: AttentionProblem, device_cc=None) -> bool:
 
 
 def _swappable(p: AttentionProblem) -> bool:
-    """q and out hold each token's H rows D elements apart (so (B * H, 1, D) is a view of the
-    same bytes), every operand is in the kernel's dtype and 16-byte aligned, and the LSE is
-    a plain (H, B) array."""
+    """q and out hold each token's H rows D elements apart and the tokens H * D apart (so
+    (B * H, 1, D) is a view of the same bytes; not, e.g., q sliced from a packed QKV tensor),
+    every operand is in the kernel's dtype and 16-byte aligned, and the LSE is a plain (H, B)
+    array."""
     dt = compute_dtype(kernel_dtype_tag(p.q.dtype))
+    row = p.num_heads * p.head_dim
     for a in (p.q, p.out):
         if a.dtype != dt or not aligned(a) or a.strides[1] != a.itemsize * p.head_dim:
+            return False
+        if a.shape[0] > 1 and a.strides[0] != a.itemsize * row:
             return False
     if p.k.dtype != dt or p.v.dtype != dt:
         return False
