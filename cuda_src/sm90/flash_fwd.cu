@@ -606,7 +606,17 @@ __device__ __forceinline__ void store_rows_f32(float* o, i64 o_row, float* lse_r
 }
 
 // Barrier discipline: a consumer arrives on EMPTY(s) once per round of s, after waiting FULL
-// of that round for K (a tile it skips included: its V round is released without reading it).
+// of that round (a tile it skips included: K and V are released unread, each after its FULL).
+
+// Whether the consumer warpgroups take ping-pong turns (Sm90FwdTraitsBase::pingpong).  Split
+// kernels serve swapped decode rows, at most 64 for MQA: one warpgroup's, so turns would pace
+// that one with the other's on padding rows (stop 43: a 128-key tile every ~3.5 us per CTA).
+// Not at D = 256 or softcap over pages, which spill without them.
+template <class Tr, bool Is_paged, bool Has_transform, bool Is_split>
+__device__ constexpr bool uses_pingpong() {
+  return Tr::pingpong(Is_paged, Has_transform) &&
+         (!Is_split || Tr::kHeadDim == 256 || (Is_paged && Has_transform));
+}
 
 // The producer fills K of round r + 1 only after EMPTY(s) of round r completed, so an arrival
 // can never be counted in the round before its own.
@@ -628,11 +638,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
   const int n_min = w.n_min, n_max = w.n_max;
   const int it0 = it;
   constexpr bool kOverlap = Tr::overlap(Is_paged, Has_transform);
-  // Split kernels serve swapped decode rows, at most 64 for MQA: one warpgroup's, so ping-pong
-  // would pace that one with the other's turns on padding rows (stop 43: a 128-key tile every
-  // ~3.5 us per CTA with it).  Not at D = 256 or softcap over pages, which spill without it.
-  constexpr bool kPingPong = Tr::pingpong(Is_paged, Has_transform) &&
-                             (!Is_split || Tr::kHeadDim == 256 || (Is_paged && Has_transform));
+  constexpr bool kPingPong = uses_pingpong<Tr, Is_paged, Has_transform, Is_split>();
   const int warp = ctid >> 5, lane = ctid & 31;
   const int wg_first = m0 + Tr::kWgRows * cw;  // first sequence row of this warpgroup
   const int wg_rows = imin(Tr::kWgRows, rows_valid - Tr::kWgRows * cw);  // may be <= 0
@@ -1011,9 +1017,8 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
     pipe::regs_alloc<Tr::kConsumerRegs>();
     const int cw = wg - 1;
     // Ping-pong: warpgroup 0 takes the first turn (see consumer), once for the whole schedule.
-    constexpr bool kPingPong = Tr::pingpong(Is_paged, Has_transform) &&
-                               (!Is_split || Tr::kHeadDim == 256 || (Is_paged && Has_transform));
-    if (kPingPong && cw == 1) pipe::named_arrive(1, 256);
+    if (uses_pingpong<Tr, Is_paged, Has_transform, Is_split>() && cw == 1)
+      pipe::named_arrive(1, 256);
     int it = 0, tq = 0;
     for (;;) {
       Sm90Tile w;
