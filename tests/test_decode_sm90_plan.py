@@ -101,3 +101,37 @@ def test_split_kernels_are_shipped_for_every_bucket():
     assert {k.head_dim for k in keys} == set(cc.SM90_HEAD_DIM_BUCKETS)
     with pytest.raises(ValueError):
         cc.KernelKey("bf16", 128, arch="sm80", split=True)
+
+
+class _FakeCupy:
+    """Enough of CuPy for Sm90DecodePlan._stream_buffers: a current stream and NumPy arrays."""
+
+    class cuda:  # noqa: N801
+        stream_ptr = 1
+
+        @classmethod
+        def get_current_stream(cls):
+            return type("Stream", (), {"ptr": cls.stream_ptr})()
+
+    empty = staticmethod(np.empty)
+    zeros = staticmethod(np.zeros)
+
+
+@pytest.mark.parametrize("keep,dynamic", [(True, True), (True, False), (False, True)])
+def test_partials_and_counter_are_kept_per_stream(monkeypatch, keep, dynamic):
+    """Small partials and the dynamic schedule's counter are made once per stream and reused;
+    partials too large to keep are new every call, the counter still kept."""
+    monkeypatch.setitem(__import__("sys").modules, "cupy", _FakeCupy)
+    plan = object.__new__(ds.Sm90DecodePlan)
+    plan.oacc_shape, plan.lacc_shape = (2, 3, 32, 8), (2, 96)
+    plan.keep_partials, plan.dynamic, plan._buffers = keep, dynamic, {}
+    a, b = plan._stream_buffers(), plan._stream_buffers()
+    assert a[0].shape == plan.oacc_shape and a[1].shape == plan.lacc_shape
+    assert (a[0] is b[0]) == keep and (a[1] is b[1]) == keep
+    assert (a[2] is None) == (not dynamic) and a[2] is b[2]
+    _FakeCupy.cuda.stream_ptr = 2  # another stream: its own buffers
+    try:
+        c = plan._stream_buffers()
+    finally:
+        _FakeCupy.cuda.stream_ptr = 1
+    assert c[0] is not a[0] and (c[2] is None or c[2] is not a[2])

@@ -346,9 +346,11 @@ def cases():
         ("decode paged P=48 float16-d128 splits=1", lambda r: decode(r, F16, 128, 1, P=48)),
         ("decode MQA 32/1 (9.0: the sm90 split kernel, swapped rows) paged P=16 bfloat16-d128 "
          "splits=3 sinks", lambda r: decode(r, BF16, 128, 3, P=16, sinks=True, heads=(32, 1))),
-        ("decode MQA 32/1 (two 16-row tiles a kv head, DECODE_SM90=0) paged P=16 bfloat16-d128 "
+        # P = 48, not the case above's 16: the switch is read when a call's plan is made, and
+        # a call of the same signature would replay the cached swapped plan.
+        ("decode MQA 32/1 (two 16-row tiles a kv head, DECODE_SM90=0) paged P=48 bfloat16-d128 "
          "splits=3 sinks",
-         lambda r: decode(r, BF16, 128, 3, P=16, sinks=True, heads=(32, 1), swap=False)),
+         lambda r: decode(r, BF16, 128, 3, P=48, sinks=True, heads=(32, 1), swap=False)),
         ("decode MQA 32/1 (9.0: swapped, cp.async gather) paged P=7 float16-d64 splits=2",
          lambda r: decode(r, F16, 64, 2, P=7, heads=(32, 1))),
         ("decode MQA 16/1 (9.0: swapped) bfloat16-d192 heuristic splits",

@@ -4,7 +4,9 @@
 decode kernel (``decode.py``, ``flash_decode.cu``) when the packed query rows of one kv head are
 few (``decode.decode_applies``: ``max_seqlen_q * H / Hk <= 16``, or at most min(4, H / Hk)
 16-row tiles) -- flash_attn_with_kvcache decode steps and varlen/paged batches whose longest
-query is short -- and through the prefill kernel (``launch.py``) otherwise.  float32 (at the
+query is short -- and through the prefill kernel (``launch.py``) otherwise.  On compute
+capability 9.0 an MQA decode step (one query token, one kv head, >= 16 heads) runs on the sm90
+prefill kernel's split-KV variant with swapped rows instead (``decode_sm90.py``).  float32 (at the
 default "highest" precision) and float64 always run the precise prefill kernel
 (``sm80/flash_fwd_precise.cu``), whatever the query length.  ``is_available()``
 says whether a usable (sm_80+) GPU is present; ``precompile(...)`` compiles kernels ahead of
@@ -98,7 +100,8 @@ def plan_attention(problem):
 
 def describe_launches(problem, sm_count=None, arch=None, device_cc=None) -> tuple:
     """What :func:`plan_attention` would launch, as plain data and without a GPU (``sm_count``
-    given): one dict per kernel with ``kind`` ("decode" / "prefill"), ``kernel`` (entry point),
+    given): one dict per kernel with ``kind`` ("decode" / "decode_sm90" / "prefill"; the
+    combine launch that follows a decode kernel is not listed), ``kernel`` (entry point),
     ``arch`` (kernel family, compile.ARCHS), ``grid``, ``block``, ``smem`` (bytes) and, for
     decode, ``splits`` and the query-length range it serves.  Plan tests
     (``tests/test_plan.py``), the shared-memory check (``device_limits.py``) and debugging read

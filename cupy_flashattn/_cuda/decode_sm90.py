@@ -19,7 +19,8 @@ tiles as ``splits`` runs on as many persistent CTAs; the decode combine kernel
 the swapped kernel cannot) merges them into ``out`` and ``softmax_lse``.
 
 ``CUPY_FLASHATTN_DECODE_SM90=0`` keeps every decode step on the mma.sync decode kernel (the
-A/B baseline)."""
+A/B baseline).  Like the other switches it is read when a call's plan is made: set it before
+the calls (the front end's call cache replays a plan for calls of the same signature)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from .compile import (SM90_HEAD_DIM_BUCKETS, SM90_SPLIT_ARGS, SM90_SPLIT_UNSHIPP
 from .decode import (COMBINE_ARGS, COMBINE_PAIRS_PER_CTA, COMBINE_THREADS,
                      SPLIT_WORKSPACE_KEEP_BYTES, _combine_kernel, _elem_code, _es, _sm_count,
                      combine_values)
+from .launch import needs_transform, prefill_arch
 from .launcher import Launch, TmaLaunch
 from .tma import fwd_geometries
 
@@ -75,8 +77,6 @@ def swapped_decode_applies(problem: AttentionProblem, device_cc=None) -> bool:
     sequence, 16-bit q / k / v (no float8 K/V), head dim <= 256, no left window, ALiBi or
     prefix ranges, arrays the kernel reads and writes in place, on a GPU whose prefill family
     is sm90."""
-    from .launch import prefill_arch
-
     p = problem
     if not _enabled() or p.num_heads_k != 1 or p.num_heads < SWAP_MIN_HEADS:
         return False
@@ -91,10 +91,10 @@ def swapped_decode_applies(problem: AttentionProblem, device_cc=None) -> bool:
     if p.head_dim > SM90_HEAD_DIM_BUCKETS[-1] or p.head_dim % 8 or p.total_q == 0:
         return False
     bucket = bucket_for(p.head_dim, SM90_HEAD_DIM_BUCKETS)
-    if (bucket, _transform(p), p.paged) in SM90_SPLIT_UNSHIPPED:
+    if (bucket, needs_transform(p), p.paged) in SM90_SPLIT_UNSHIPPED:
         return False
     try:
-        if prefill_arch(p.head_dim, _transform(p), p.paged, device_cc) != "sm90":
+        if prefill_arch(p.head_dim, needs_transform(p), p.paged, device_cc) != "sm90":
             return False
     except ValueError:
         return False
@@ -160,11 +160,6 @@ def swapped_splits(problem: AttentionProblem, block_n: int, sm_count: int) -> in
     return -(-tiles // per)
 
 
-def _transform(p: AttentionProblem) -> bool:
-    """Softcap, or a scale the kernel cannot fold into exp2 (launch.select_kernel's rule)."""
-    return p.softcap > 0 or not (p.softmax_scale > 0 and np.isfinite(p.softmax_scale))
-
-
 @dataclasses.dataclass(frozen=True)
 class SwappedLaunch:
     """The host's numbers of a swapped decode step (host-only, no GPU needed)."""
@@ -180,7 +175,7 @@ def swapped_launch(problem: AttentionProblem, sm_count: int) -> SwappedLaunch:
     """Kernel, split count and persistent grid of a swapped decode step on ``sm_count`` SMs."""
     p = problem
     key = KernelKey(kernel_dtype_tag(p.q.dtype), bucket_for(p.head_dim, SM90_HEAD_DIM_BUCKETS),
-                    _transform(p), p.paged, "sm90", split=True)
+                    needs_transform(p), p.paged, "sm90", split=True)
     tr = key_traits(key)
     splits = swapped_splits(p, tr.block_n, sm_count)
     tiles_m = -(-p.num_heads // tr.block_m)
@@ -218,8 +213,7 @@ class Sm90DecodePlan:
         self.key, self.splits, self.tiles_m, self.grid = s.key, s.splits, s.tiles_m, s.grid
         self.dynamic = s.dynamic  # lengths on the device: CTAs claim items from a counter
         tr = key_traits(self.key)
-        self._counters: dict = {}
-        self._workspaces: dict = {}
+        self._buffers: dict = {}  # stream -> _stream_buffers()
         B, H, D = int(p.batch_size), p.num_heads, p.head_dim
         self.oacc_shape = (self.splits, B, H, D)
         self.lacc_shape = (self.splits, B * H)
@@ -243,36 +237,32 @@ class Sm90DecodePlan:
         self.combine_launch = Launch(_combine_kernel(), (-(-(B * H) // COMBINE_PAIRS_PER_CTA),),
                                      (COMBINE_THREADS,), 0, COMBINE_ARGS, COMBINE_ARGS.new(cvals))
 
-    def _per_stream(self, store: dict, make):
+    def _stream_buffers(self):
+        """(oaccum, lse_accum, tile counter or None) of the current CUDA stream, made on its
+        first call there and kept (calls on one stream run in order, so a call's partials are
+        combined before the next call's kernel writes them, and the kernel leaves the counter
+        at 0), as the decode plan keeps its own; partials above SPLIT_WORKSPACE_KEEP_BYTES are
+        allocated per call instead."""
         import cupy
 
         key = cupy.cuda.get_current_stream().ptr
-        value = store.get(key)
-        if value is None:
-            value = store[key] = make(cupy)
-        return value
+        bufs = self._buffers.get(key)
+        if bufs is None:
+            counter = cupy.zeros(2, dtype=np.int32) if self.dynamic else None
+            bufs = (*self._new_partials(cupy), counter)
+            self._buffers[key] = bufs if self.keep_partials else (None, None, counter)
+        elif bufs[0] is None:
+            bufs = (*self._new_partials(cupy), bufs[2])
+        return bufs
 
-    def _partials(self):
-        """The split partials: kept per stream when small (calls on one stream run in order, so
-        a call's partials are combined before the next call's kernel writes them), as the
-        decode plan keeps its own (decode.py SPLIT_WORKSPACE_KEEP_BYTES)."""
-        def make(cp):
-            return (cp.empty(self.oacc_shape, dtype=np.float32),
-                    cp.empty(self.lacc_shape, dtype=np.float32))
-
-        if not self.keep_partials:
-            import cupy
-
-            return make(cupy)
-        return self._per_stream(self._workspaces, make)
+    def _new_partials(self, cupy):
+        return (cupy.empty(self.oacc_shape, dtype=np.float32),
+                cupy.empty(self.lacc_shape, dtype=np.float32))
 
     def run(self, p: AttentionProblem) -> None:
-        # The counter is kept per stream too (the kernel leaves it at 0 for the next launch).
-        oacc, lacc = self._partials()
+        oacc, lacc, counter = self._stream_buffers()
         pointers = problem_pointers(p)
-        pointers.update(sinks=None, oaccum=oacc, lse_accum=lacc, tile_counter=(
-            self._per_stream(self._counters, lambda cp: cp.zeros(2, dtype=np.int32))
-            if self.dynamic else None))
+        pointers.update(sinks=None, oaccum=oacc, lse_accum=lacc, tile_counter=counter)
         self.launch(pointers)
         self.combine_launch({"o_in": oacc, "lse_in": lacc, "o_out": p.out,
                              "lse_out": p.softmax_lse, "sinks": p.sinks})

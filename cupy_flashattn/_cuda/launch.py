@@ -138,14 +138,20 @@ def describe_prefill_path(device_cc=None) -> str:
             "set_float32_precision), float64: DMMA on the sm80 float64 kernel")
 
 
+def needs_transform(p: AttentionProblem) -> bool:
+    """Whether the problem needs a kernel with the logit transform (KernelKey.transform): ALiBi,
+    softcap, or a scale <= 0 / not finite, which cannot be folded into exp2 after the row max
+    (it would flip the ordering) -- the transform path scales first; with no slopes it adds a
+    zero bias."""
+    scale_ok = p.softmax_scale > 0 and np.isfinite(p.softmax_scale)
+    return p.alibi_slopes is not None or p.softcap > 0 or not scale_ok
+
+
 def select_kernel(problem: AttentionProblem, arch=None, device_cc=None) -> KernelKey:
     """The instantiation that serves this problem (``arch``: the family, default
     :func:`prefill_arch`; ``device_cc`` stands in for the current device's)."""
     p = problem
-    scale_ok = p.softmax_scale > 0 and np.isfinite(p.softmax_scale)
-    # A scale <= 0 cannot be folded into exp2 after the row max (it would flip the ordering):
-    # the transform path scales first; with no slopes it adds a zero bias.
-    transform = p.alibi_slopes is not None or p.softcap > 0 or not scale_ok
+    transform = needs_transform(p)
     dtype = kernel_dtype_tag(p.q.dtype)
     if is_precise(dtype):
         if sm90_f32_serves(p, transform, device_cc):
