@@ -314,6 +314,13 @@ struct CombineParams {
   int in_type, out_type;
 };
 
+// Offset of (row, head)'s LSE in a combine LSE array (the comment above; lse_rows = 1 with
+// batch stride H and head stride 1 is a (rows, H) array, the swapped decode's partials).
+__device__ __forceinline__ i64 combine_lse_offset(int row, int head, int lse_rows, i64 batch_stride,
+                                                  i64 head_stride) {
+  return (i64)(row / lse_rows) * batch_stride + (i64)head * head_stride + row % lse_rows;
+}
+
 // The merged state of one (row, head) pair's partials, by one warp: the total's lse (natural
 // units, and times log2 e), and whether no partial saw a key.  Partial s is the state
 // (m = lse_s, l = 1) in natural units (c = log2 e); softmax.cuh's merge rules give the total.
@@ -358,7 +365,7 @@ __device__ __forceinline__ PartialsTotal partials_total(int n, float sink, int l
 // merge_split_partials below) reads float32 partials and keeps more loads in flight.
 constexpr int kCombineCols = 4;
 __device__ __forceinline__ void combine_pair(const CombineParams& c, int row, int head, int lane) {
-  const i64 lse_off = (i64)(row / c.lse_rows) * c.lse_batch_stride + (i64)head * c.lse_head_stride + row % c.lse_rows;
+  const i64 lse_off = combine_lse_offset(row, head, c.lse_rows, c.lse_batch_stride, c.lse_head_stride);
   const int n = c.num_splits;
   auto lse_of = [&](int s) { return c.lse_in[s * c.lse_split_stride + lse_off]; };
   const PartialsTotal t = partials_total(n, c.sinks != nullptr ? c.sinks[head] : neg_inf(), lane, lse_of);
@@ -391,7 +398,7 @@ __device__ __forceinline__ void combine_pair(const CombineParams& c, int row, in
     }
   }
   if (lane == 0)
-    c.lse_out[(i64)(row / c.lse_rows) * c.lse_out_batch_stride + (i64)head * c.lse_out_head_stride + row % c.lse_rows] = t.lse;
+    c.lse_out[combine_lse_offset(row, head, c.lse_rows, c.lse_out_batch_stride, c.lse_out_head_stride)] = t.lse;
 }
 
 // The decode kernel's own merge of a tile's split partials (FA_DECODE_FUSED_COMBINE: the last
@@ -408,10 +415,14 @@ __device__ __forceinline__ void combine_pair(const CombineParams& c, int row, in
 // chunk held by different lanes meet by shuffles at the end.  (Before, the combine kernel's
 // order with 4 splits x 4 scalar columns per round trip: a B = 1 step's merge took 2.1 / 4.9 /
 // 8.4 us at 2 / 14 / 29 splits, ~1 us per round trip -- H100, 2026-12-06, decode_timeline.py.)
-template <class Elem, int kLoads>
+// kBatchedLse: the LSEs are addressed as combine_pair addresses them (lse_rows, the batch
+// strides: the combine kernel's callers), else as the decode kernel's (splits, H, total_q)
+// partials and (H, total_q) output.
+template <class Elem, int kLoads, bool kBatchedLse = false>
 __device__ __forceinline__ void merge_split_partials(const CombineParams& c, int row, int head, int lane) {
   const int n = c.num_splits;
-  const i64 lse_off = (i64)head * c.lse_head_stride + row;  // (splits, H, total_q) LSEs
+  const i64 lse_off = kBatchedLse ? combine_lse_offset(row, head, c.lse_rows, c.lse_batch_stride, c.lse_head_stride)
+                                  : (i64)head * c.lse_head_stride + row;
   const float* o_in = static_cast<const float*>(c.o_in);
   const i64 o_off = (i64)row * c.o_row_stride + (i64)head * c.o_head_stride;
   const int chunks = c.head_dim >> 2;  // head_dim % 8 == 0 (the host pads): >= 2 whole chunks
@@ -467,14 +478,33 @@ __device__ __forceinline__ void merge_split_partials(const CombineParams& c, int
   };
   if (sub == 0 && chunk < chunks) store4(chunk, acc0);  // lanes rounds chunks up to a power of two
   if (wide && chunk + 32 < chunks) store4(chunk + 32, acc1);
-  if (lane == 0) c.lse_out[(i64)head * c.lse_out_head_stride + row] = t.lse;
+  if (lane == 0)
+    c.lse_out[kBatchedLse ? combine_lse_offset(row, head, c.lse_rows, c.lse_out_batch_stride, c.lse_out_head_stride)
+                          : (i64)head * c.lse_out_head_stride + row] = t.lse;
+}
+
+// Whether merge_split_partials serves a combine call: float32 partials whose 16-byte chunks
+// are aligned (base, strides, head dim), at most 64 chunks a row (head_dim <= 256), and 16-bit
+// outputs stored 4 elements (8 bytes) at a time.  Split-KV decode steps (their partials are
+// the kernels' float32 workspace) qualify; merge_attention_states' inputs and float32 outputs
+// take combine_pair.  (combine_pair's order -- one split per round trip -- made the swapped
+// MQA decode's combine ~1 us per split at B = 1: stop 44.)
+__device__ __forceinline__ bool merge_fast_path(const CombineParams& c) {
+  const i64 in_strides = c.o_split_stride | c.o_row_stride | c.o_head_stride;
+  const i64 out_strides = c.out_row_stride | c.out_head_stride;
+  return c.in_type == 0 && (c.out_type == 1 || c.out_type == 2) && c.head_dim % 4 == 0 &&
+         c.head_dim <= 256 && (in_strides & 3) == 0 && (out_strides & 3) == 0 &&
+         (reinterpret_cast<unsigned long long>(c.o_in) & 15) == 0 && (reinterpret_cast<unsigned long long>(c.o_out) & 7) == 0;
 }
 
 __device__ __forceinline__ void combine_states(const CombineParams& c) {
   const i64 pair = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (pair >= (i64)c.rows * c.heads) return;
-  combine_pair(c, (int)(pair / c.heads), (int)(pair % c.heads), lane);
+  const int row = (int)(pair / c.heads), head = (int)(pair % c.heads);
+  if (!merge_fast_path(c)) combine_pair(c, row, head, lane);
+  else if (c.out_type == 2) merge_split_partials<Bf16, 16, true>(c, row, head, lane);
+  else merge_split_partials<F16, 16, true>(c, row, head, lane);
 }
 
 // Float8 K/V: Q's rows (16-bit, in shared memory) in the order the float8 K fragments
