@@ -85,6 +85,16 @@ def cases():
     def cache_step():
         fa.flash_attn_with_kvcache(q1, cache, None, k=k1, v=v1, causal=True, seq_ids=[sid])
     out["PagedKVCache step B=1 (grows)"] = cache_step
+    # MQA decode, no append: bench_decode.py's call; on a 9.0 GPU the swapped sm90 plan
+    # (decode_sm90.py: the split kernel and the combine)
+    Hm, ctx_m = 32, 4096
+    pages_m = ctx_m // P
+    km, vm = rnd((pages_m + 8, P, 1, D)), rnd((pages_m + 8, P, 1, D))
+    table_m = cupy.arange(pages_m, dtype=cupy.int32).reshape(1, -1)
+    lens_m = cupy.full((1,), ctx_m, dtype=cupy.int32)
+    qm = rnd((1, 1, Hm, D))
+    out["decode_mqa_paged_noappend B=1"] = lambda: fa.flash_attn_with_kvcache(
+        qm, km, vm, cache_seqlens=lens_m, block_table=table_m, causal=True)
     # small dense prefill
     qd, kd = rnd((1, 128, H, D)), rnd((1, 128, Hk, D))
     out["dense B=1 S=128"] = lambda: fa.flash_attn_func(qd, kd, kd, causal=True)
@@ -182,6 +192,7 @@ def main():
         print(f"{name:48s} {host_us(fn):13.1f} {one_call_us(fn):12.1f}", flush=True)
     if a.profile:
         for row, fname, order in (("decode_paged_append B=1", "profile_decode.txt", "tottime"),
+                                  ("decode_mqa_paged_noappend B=1", "profile_mqa.txt", "tottime"),
                                   ("PagedKVCache step B=1 (grows)", "profile_cache_step.txt",
                                    "cumulative")):
             fn = rows[row]
