@@ -74,12 +74,14 @@ def test_switch_and_unshipped(monkeypatch):
 
 
 @pytest.mark.parametrize("B,ctx,splits", [
-    (64, 4096, 2), (16, 16384, 8), (1, 4096, 8), (1, 32768, 32), (4, 8192, 16),
-    (1, 100, 1), (1, 129, 1), (1, 1024, 2), (132, 4096, 1), (300, 4096, 1),
+    (64, 4096, 2), (16, 16384, 8), (1, 32768, 32), (4, 8192, 16), (2, 4096, 8),
+    (1, 4096, 16), (1, 1024, 4), (2, 2048, 8),
+    (1, 100, 1), (1, 129, 1), (132, 4096, 1), (300, 4096, 1),
 ])
 def test_split_counts(B, ctx, splits):
     """One item per SM at most (B x splits <= 132), SWAP_MAX_SPLITS at most, 4 key tiles (of
-    128 keys) a run at least, and no run without a key tile."""
+    128 keys) a run at least -- 2 where that leaves fewer than 16 runs in all (B = 1 ctx 4096:
+    16 x 2 tiles, not 8 x 4; B = 2 ctx 4096 keeps 8 x 4) -- and no run without a key tile."""
     p = _problem(B=B, max_k=ctx)
     assert ds.swapped_splits(p, 128, SMS) == splits
     s = ds.swapped_launch(p, SMS)

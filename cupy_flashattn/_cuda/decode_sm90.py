@@ -57,14 +57,20 @@ DECODE_SM90_ENV = "CUPY_FLASHATTN_DECODE_SM90"
 #: already serves up to 16 packed rows at once.
 SWAP_MIN_HEADS = 16
 
-#: The most split partials a sequence gets: the combine kernel merges one (row, head) pair per
-#: warp, its splits one after another, so its time grows with the split count.
+#: The most split partials a sequence gets.  With the combine kernel's merge of float32 partials
+#: (merge_split_partials: every split's loads in flight) a split costs the combine little; past
+#: 32 the split kernel's own per-run costs win: H200, stop 44 (MQA 32/1 D = 128 page 16, kernel
+#: time, clean L2), B = 1 ctx 32768 took 27.3 / 26.4 / 32.1 us at 32 / 64 / 128 splits.
 SWAP_MAX_SPLITS = 32
-#: Key tiles a split run gets at least: measured (stop 43, H100, MQA 32/1 D = 128 page 16,
-#: forced counts) the best counts were B = 1 ctx 4096: 8 splits (4 tiles each; 20.9 us against
-#: 29.0 at 32), B = 4 ctx 8192: 16 (4 tiles; 27.5 against 36.8 at 32), B = 1 ctx 32768: 32
-#: (8 tiles; 16 took 43.6), B = 16 ctx 16384: 8 (16 tiles, the SM bound).
+#: Key tiles a split run gets at least: stop 44's sweep (same rows) found the best counts at
+#: 4 tiles a run -- B = 4 ctx 8192: 16 splits (20.6 us; 24.1 at 32), B = 1 ctx 32768: 32 (27.3;
+#: 36.5 at 16) -- and at B = 16 ctx 16384 the SM bound (8 splits, 16 tiles).
 SWAP_MIN_TILES_PER_SPLIT = 4
+#: ... but a launch of fewer than SWAP_FEW_RUNS runs (B x splits) takes runs of 2 tiles up to
+#: that many: its time is one run's latency, not DRAM bandwidth.  B = 1 ctx 4096 (32 tiles):
+#: 18.0 us at 16 splits against 20.1 at 8 (stop 44, H200; cuDNN 12.9).
+SWAP_FEW_RUNS = 16
+SWAP_FEW_RUNS_MIN_TILES = 2
 
 
 def _enabled() -> bool:
@@ -146,7 +152,8 @@ def swapped_splits(problem: AttentionProblem, block_n: int, sm_count: int) -> in
     """Key runs per sequence: the user's ``num_splits`` when given, else enough runs for the
     sequences to occupy every SM once (B * splits <= sm_count; the persistent grid has one
     CTA per SM), at most SWAP_MAX_SPLITS and at least SWAP_MIN_TILES_PER_SPLIT key tiles a
-    run, and no run without a key tile: the count is
+    run (SWAP_FEW_RUNS_MIN_TILES where that leaves fewer than SWAP_FEW_RUNS runs in all), and
+    no run without a key tile: the count is
     ceil(tiles / per) for per = ceil(tiles / wanted), so every run gets ``per`` tiles but the
     last."""
     p = problem
@@ -154,8 +161,10 @@ def swapped_splits(problem: AttentionProblem, block_n: int, sm_count: int) -> in
     if p.num_splits and p.num_splits > 0:
         wanted = int(p.num_splits)
     else:
-        wanted = max(1, min(SWAP_MAX_SPLITS, int(sm_count) // max(1, int(p.batch_size)),
-                            tiles // SWAP_MIN_TILES_PER_SPLIT))
+        batch = max(1, int(p.batch_size))
+        wanted = max(1, min(SWAP_MAX_SPLITS, int(sm_count) // batch, tiles // SWAP_MIN_TILES_PER_SPLIT))
+        if batch * wanted < SWAP_FEW_RUNS:  # a latency-bound launch: shorter runs, more of them
+            wanted = max(wanted, min(SWAP_FEW_RUNS // batch, tiles // SWAP_FEW_RUNS_MIN_TILES))
     per = -(-tiles // max(1, min(wanted, tiles)))
     return -(-tiles // per)
 
