@@ -94,3 +94,52 @@ def test_tma_launch_encodes_only_the_maps_whose_array_moved(recorder):
     run({"q": _Arr(0x40), "k": _Arr(0x20), "v": _Arr(0x50)})
     assert encoded == [(base, 0x40)]  # only q moved (v has no map)
     assert len(recorder) == 3
+
+
+def test_launch_config_structs_match_cuda_h():
+    """cuLaunchKernelEx's CUlaunchConfig / CUlaunchAttribute as cuda.h lays them out: the
+    attribute is an int id padded to 8 bytes and a 64-byte value union; the config's stream
+    pointer follows seven unsigned ints at offset 32."""
+    assert ctypes.sizeof(launcher._LaunchAttribute) == 72
+    assert launcher._LaunchAttribute.value.offset == 8
+    cfg = launcher._LaunchConfig
+    assert (cfg.grid.offset, cfg.block.offset, cfg.shared_mem_bytes.offset) == (0, 12, 24)
+    assert (cfg.stream.offset, cfg.attrs.offset, cfg.num_attrs.offset) == (32, 40, 48)
+    assert ctypes.sizeof(cfg) == 56
+
+
+def test_pdl_launch_hands_the_driver_its_config(monkeypatch):
+    """A PdlLaunch passes grid, block, shared memory, the current stream and ONE attribute,
+    programmatic stream serialization = 1, with the same kernelParams as an ordinary launch."""
+    seen = []
+
+    def launch_ex(config_ref, fn, params, extra):
+        c = ctypes.cast(config_ref, ctypes.POINTER(launcher._LaunchConfig)).contents
+        a = c.attrs.contents
+        seen.append(dict(grid=tuple(c.grid), block=tuple(c.block), smem=c.shared_mem_bytes,
+                         stream=c.stream, n=c.num_attrs, id=a.id, value=a.value, fn=fn,
+                         words=ctypes.c_uint64.from_address(params).value))
+        return 0
+
+    monkeypatch.setattr(launcher, "_LAUNCH_KERNEL_EX", launch_ex)
+    monkeypatch.setattr(launcher, "_CURRENT_STREAM", lambda: type("S", (), {"ptr": 7})())
+    monkeypatch.setattr(launcher, "_LAUNCH_KERNEL", lambda *a: None)
+    tmpl = FWD_ARGS.new(_values(FWD_ARGS))
+    launch = launcher.PdlLaunch(_Kernel(), (5, 2), (128,), 1024, FWD_ARGS, tmpl)
+    launch({"q": _Arr(0x1000)})
+    (s,) = seen
+    assert s["grid"] == (5, 2, 1) and s["block"] == (128, 1, 1) and s["smem"] == 1024
+    assert s["stream"] == 7 and s["n"] == 1 and s["id"] == 6 and s["value"] == 1
+    assert s["fn"] == 0xF00D
+    words, _, _ = launch._buffers()
+    assert s["words"] == words.ctypes.data
+    assert words[FWD_ARGS.pointer_words["q"]] == 0x1000
+
+
+def test_pdl_rule(monkeypatch):
+    """sm_90 and later only (griddepcontrol), and CUPY_FLASHATTN_PDL=0 turns it off."""
+    monkeypatch.delenv(launcher.PDL_ENV, raising=False)
+    assert launcher.pdl_enabled(90) and launcher.pdl_enabled(100)
+    assert not launcher.pdl_enabled(80) and not launcher.pdl_enabled(0)
+    monkeypatch.setenv(launcher.PDL_ENV, "0")
+    assert not launcher.pdl_enabled(90)

@@ -1,6 +1,7 @@
 """Where a swapped MQA decode step's GPU time goes (issue 16, B = 1 latency): the split kernel
-alone, the combine kernel alone, both (the step), and an empty kernel launched the same way
-(the floor of this measurement: the events, the launch, nothing else).
+alone, the combine kernel alone, both (the step, with the combine's programmatic dependent
+launch and without it: CUPY_FLASHATTN_PDL), and an empty kernel (the floor of this
+measurement: the events, the launch, nothing else).
 
 Each timed launch follows bench_decode.py's clean L2 flush, which keeps the GPU busy while the
 host prepares it (so host work is not timed); medians of bench_decode.py's repetitions.
@@ -31,6 +32,7 @@ def main(argv=None):
 
     from cupy_flashattn import _cuda
     from cupy_flashattn._cuda.args import problem_pointers
+    from cupy_flashattn._cuda.launcher import PDL_ENV
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="1:4096,1:32768,4:8192,64:4096")
@@ -51,6 +53,9 @@ def main(argv=None):
         prob = decode_problem(q, kc, vc, lens, table, P, ctx, None)
         if args.splits:
             prob = dataclasses.replace(prob, num_splits=args.splits)
+        os.environ[PDL_ENV] = "0"  # read when a plan is made
+        plain = _cuda.plan_attention(prob)[0]
+        os.environ[PDL_ENV] = "1"
         plan = _cuda.plan_attention(prob)[0]
         if not hasattr(plan, "combine_launch"):
             print(f"B={B} ctx={ctx}: not the swapped plan ({type(plan).__name__})")
@@ -62,6 +67,7 @@ def main(argv=None):
                    "sinks": prob.sinks}
         parts = {
             "step": lambda: plan.run(prob),
+            "step without PDL": lambda: plain.run(prob),
             "split kernel": lambda: plan.launch(ptrs),
             "combine": lambda: plan.combine_launch(combine),
         }
