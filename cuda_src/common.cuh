@@ -142,25 +142,6 @@ __device__ __forceinline__ T warp_sum(T x) {
   return x;
 }
 
-// ---- Programmatic dependent launch (sm_90) --------------------------------------------------
-// A kernel launched after another on one stream with programmatic stream serialization (the
-// host's PdlLaunch, _cuda/launcher.py) may start before that one ends: once every CTA of the
-// earlier grid has called pdl_launch_dependents (or exited), the later grid's CTAs are
-// scheduled, and pdl_wait_prerequisites blocks them until the earlier grid has completed and
-// its memory operations are visible.  The later kernel's launch then overlaps the earlier
-// one's run instead of following its end.  Without such a launch the wait returns at once (the
-// earlier grid has completed); before sm_90 both are no-ops.
-__device__ __forceinline__ void pdl_wait_prerequisites() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
-}
-
 // Elements of a run-time dtype (the decode combine and the rotary/append kernels serve every
 // dtype from one instantiation).  Codes, as decode.py's _elem_code passes them: 0 float32,
 // 1 float16, 2 bfloat16, 3 float64 (loads only; cvt.rn, as NumPy's astype(float32)).  16-bit

@@ -498,9 +498,6 @@ __device__ __forceinline__ bool merge_fast_path(const CombineParams& c) {
 }
 
 __device__ __forceinline__ void combine_states(const CombineParams& c) {
-  // Launched right behind the split kernel (PdlLaunch), it reads the partials only once that
-  // kernel has completed (a no-op after an ordinary launch).
-  pdl_wait_prerequisites();
   const i64 pair = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (pair >= (i64)c.rows * c.heads) return;

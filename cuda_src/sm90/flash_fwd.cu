@@ -970,10 +970,6 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
     TileScheduler::init_barriers(sm.sched_bars(), Tr::kNThreads);
   }
   __syncthreads();
-  // Split-KV: the combine kernel behind this one (PdlLaunch) may be scheduled now -- its CTAs
-  // take SMs this grid leaves free and wait (pdl_wait_prerequisites) for this grid's end, so
-  // its launch overlaps this kernel instead of following it.
-  if constexpr (Is_split) pdl_launch_dependents();
 
   // tile_counter: the dynamic schedule's counter, or null for static rounds (tile_scheduler.cuh).
   const int num_splits = Is_split ? so.num_splits : 1;

@@ -36,8 +36,8 @@ from .compile import (SM90_HEAD_DIM_BUCKETS, SM90_SPLIT_ARGS, SM90_SPLIT_UNSHIPP
 from .decode import (COMBINE_ARGS, COMBINE_PAIRS_PER_CTA, COMBINE_THREADS,
                      SPLIT_WORKSPACE_KEEP_BYTES, _combine_kernel, _elem_code, _es, _sm_count,
                      combine_values)
-from .launch import _device_cc, needs_transform, prefill_arch
-from .launcher import Launch, PdlLaunch, TmaLaunch, pdl_enabled
+from .launch import needs_transform, prefill_arch
+from .launcher import Launch, TmaLaunch
 from .tma import fwd_geometries
 
 __all__ = [
@@ -243,12 +243,8 @@ class Sm90DecodePlan:
             o_split=B * H * D, o_row=H * D, o_head=D, lse_split=B * H, lse_rows=1, lse_batch=H,
             lse_head=1, out_row=_es(out, 0), out_head=_es(out, 1), lse_out_batch=1,
             lse_out_head=lse.strides[0] // lse.itemsize, in_type=0, out_type=_elem_code(out.dtype))
-        # Programmatic dependent launch: the split kernels let it be scheduled at their start,
-        # and it waits for their end on the device (common.cuh pdl_*), so its launch latency
-        # overlaps the split kernel's run.
-        combine_cls = PdlLaunch if pdl_enabled(_device_cc()) else Launch
-        self.combine_launch = combine_cls(_combine_kernel(), (-(-(B * H) // COMBINE_PAIRS_PER_CTA),),
-                                          (COMBINE_THREADS,), 0, COMBINE_ARGS, COMBINE_ARGS.new(cvals))
+        self.combine_launch = Launch(_combine_kernel(), (-(-(B * H) // COMBINE_PAIRS_PER_CTA),),
+                                     (COMBINE_THREADS,), 0, COMBINE_ARGS, COMBINE_ARGS.new(cvals))
 
     def _stream_buffers(self):
         """(oaccum, lse_accum, tile counter or None) of the current CUDA stream, made on its

@@ -21,14 +21,11 @@ Safety:
 
 from __future__ import annotations
 
-import ctypes
-import os
-import sys
 import threading
 
 import numpy as np
 
-__all__ = ["Launch", "PdlLaunch", "TmaLaunch", "launch_packed", "pdl_enabled"]
+__all__ = ["Launch", "TmaLaunch", "launch_packed"]
 
 
 _LAUNCH_KERNEL = None  # cupy_backends' driver.launchKernel, imported on first use (CuPy optional)
@@ -114,77 +111,6 @@ class TmaLaunch(Launch):
             if encoded[i] != address:
                 self.pack.write_map(words, i, geo, address)
                 encoded[i] = address
-
-
-#: The environment switch of programmatic dependent launch ("0": every launch is ordinary), read
-#: when a plan is made, like the other switches.
-PDL_ENV = "CUPY_FLASHATTN_PDL"
-
-_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # cuda.h CUlaunchAttributeID
-_LAUNCH_KERNEL_EX = None
-
-
-class _LaunchAttribute(ctypes.Structure):
-    """cuda.h ``CUlaunchAttribute``: the id, padding to 8 bytes, a 64-byte value union whose
-    first int is ``programmaticStreamSerializationAllowed``."""
-
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int),
-                ("value_pad", ctypes.c_char * 60)]
-
-
-class _LaunchConfig(ctypes.Structure):
-    """cuda.h ``CUlaunchConfig`` (cuLaunchKernelEx's first argument)."""
-
-    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
-                ("shared_mem_bytes", ctypes.c_uint), ("stream", ctypes.c_void_p),
-                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
-
-
-def _launch_kernel_ex():
-    """The driver's ``cuLaunchKernelEx``, bound once (tma.py binds its encoder the same way)."""
-    global _LAUNCH_KERNEL_EX
-    if _LAUNCH_KERNEL_EX is None:
-        lib = ctypes.WinDLL("nvcuda.dll") if sys.platform == "win32" else ctypes.CDLL("libcuda.so.1")
-        fn = lib.cuLaunchKernelEx
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p,
-                       ctypes.c_void_p]
-        _LAUNCH_KERNEL_EX = fn
-    return _LAUNCH_KERNEL_EX
-
-
-def pdl_enabled(device_cc: int) -> bool:
-    """Whether launches on a GPU of compute capability ``device_cc`` may use programmatic
-    dependent launch: sm_90 and later (griddepcontrol), unless CUPY_FLASHATTN_PDL=0."""
-    return int(device_cc) >= 90 and os.environ.get(PDL_ENV, "1").strip() != "0"
-
-
-class PdlLaunch(Launch):
-    """A :class:`Launch` with programmatic stream serialization (``cuLaunchKernelEx``): the
-    kernel may be scheduled before the previous kernel on the stream ends, as soon as every CTA
-    of that one has called ``pdl_launch_dependents`` (cuda_src/common.cuh); it must call
-    ``pdl_wait_prerequisites`` before it reads what that kernel wrote.  Under stream capture the
-    graph keeps the same programmatic edge."""
-
-    def __init__(self, kernel, grid, block, smem: int, pack, template: np.ndarray):
-        super().__init__(kernel, grid, block, smem, pack, template)
-        self._attr = _LaunchAttribute(
-            id=_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
-
-    def __call__(self, pointers: dict) -> None:
-        words, _params, params_ptr = self._buffers()
-        self._bind(words, pointers)
-        config = getattr(self._local, "config", None)
-        if config is None:
-            gx, gy, gz, bx, by, bz = self.dims
-            config = self._local.config = _LaunchConfig(
-                (ctypes.c_uint * 3)(gx, gy, gz), (ctypes.c_uint * 3)(bx, by, bz), self.smem, None,
-                ctypes.pointer(self._attr), 1)
-        config.stream = _CURRENT_STREAM().ptr
-        err = _launch_kernel_ex()(ctypes.byref(config), self.function_ptr, params_ptr, None)
-        if err != 0:
-            raise RuntimeError(f"cuLaunchKernelEx (programmatic dependent launch) failed: "
-                               f"CUresult {err}; set {PDL_ENV}=0 to launch without it")
 
 
 def launch_packed(kernel, grid, block, packed: np.ndarray, smem: int = 0) -> None:

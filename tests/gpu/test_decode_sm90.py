@@ -94,24 +94,6 @@ def test_logit_variants(softcap, causal, sinks, page):
     run(p)
 
 
-@pytest.mark.parametrize("pdl", ["1", "0"])
-def test_combine_with_and_without_programmatic_launch(monkeypatch, pdl):
-    """The combine kernel launched with programmatic dependent launch (the default here: it
-    may start while the split kernel runs and waits on the device for its end) and without
-    (CUPY_FLASHATTN_PDL=0), at 32 splits over long contexts and at one."""
-    from cupy_flashattn import _cuda
-    from cupy_flashattn._cuda.launcher import PdlLaunch
-
-    monkeypatch.setenv("CUPY_FLASHATTN_PDL", pdl)
-    rng = np.random.default_rng(21 + int(pdl))
-    for splits in (32, 1):
-        p = make_problem(rng, d=128, h=32, hk=1, lens_q=[1, 1], lens_k=[9000, 3001], page=16,
-                         num_splits=splits)
-        (plan,) = _cuda.plan_attention(p)
-        assert isinstance(plan.combine_launch, PdlLaunch) == (pdl == "1")
-        run(p)
-
-
 def test_routing_stays_on_mma_sync_decode(monkeypatch):
     """What the swap cannot serve keeps the mma.sync decode kernel, correct: a left window,
     ALiBi, two query tokens, two kv heads, a head dim that is not a multiple of 8, and the
