@@ -69,30 +69,6 @@ def main(argv=None):
             "combine": lambda: plan.combine_launch(combine),
         }
         cells = [f"{name} {timer.kernel(fn) * 1e6:.1f}" for name, fn in parts.items()]
-        print(f"B={B} ctx={ctx}: not the swapped plan ({type(plan).__name__})")
-            continue
-        oacc, lacc, counter = plan._stream_buffers()
-        ptrs = problem_pointers(prob)
-        ptrs.update(sinks=None, oaccum=oacc, lse_accum=lacc, tile_counter=counter)
-        combine = {"o_in": oacc, "lse_in": lacc, "o_out": prob.out, "lse_out": prob.softmax_lse,
-                   "sinks": prob.sinks}
-        parts = {
-            "step": lambda: plan.run(prob),
-            "split kernel": lambda: plan.launch(ptrs),
-            "combine": lambda: plan.combine_launch(combine),
-        }
-        cells = [f"{name} {timer.kernel(fn) * 1e6:.1f}" for name, fn in parts.items()]
-        # The combine right behind a kernel of ~200 KB shared memory: does the SM's switch of
-        # its shared memory / L1 split (the combine takes none) cost the step?  The same step
-        # with the combine asking for the largest carveout.
-        try:
-            ck = _combine_kernel()
-            ck.preferred_shared_memory_carveout = 100
-            cells.append(f"step, combine carveout 100 {timer.kernel(lambda: plain.run(prob)) * 1e6:.1f}")
-            ck.preferred_shared_memory_carveout = -1
-            cells.append(f"step without PDL (again) {timer.kernel(lambda: plain.run(prob)) * 1e6:.1f}")
-        except Exception as e:  # noqa: BLE001 -- a probe: report and go on
-            cells.append(f"carveout: {type(e).__name__}: {e}")
         print(f"B={B} ctx={ctx} H/Hk={H}/{Hk} D={D} page={P} splits={plan.splits} grid={plan.grid[0]}: "
               + ", ".join(cells) + " us", flush=True)
         del q, k, v, kc, vc, table
