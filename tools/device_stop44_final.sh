@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Stop 44's last device call (repo root, logs under $OUT), on the code as it lands: the combine
-# kernel's fast path for float32 partials, the swapped decode's split rule, and the combine's
-# programmatic dependent launch (PDL) behind the sm90 split kernels.  In priority order, each
-# step capped by what is left of a 560 s budget:
+# kernel's fast path for float32 partials and the swapped decode's split rule.  In priority
+# order, each step capped by what is left of a 560 s budget:
 #   1. (~4-5 min) the whole GPU suite, 8 shards, after a parallel precompile.
-#   2. (~0.5 min) tools/decode_sm90_parts.py: split kernel / combine / step with and without
-#      PDL / an empty launch.
+#   2. (~0.5 min) tools/decode_sm90_parts.py: split kernel / combine / step / an empty launch.
 #   3. (~0.5 min) benchmarks/bench_decode.py, MQA 32/1 and GQA 32/8, pages 16 and 256 (issue 16).
-#   4. the four sanitizers on the decode / combine cases, as long as time is left.
+#   4. the four sanitizers on the decode / combine cases.
+#   5. tools/device_stop44_ncu.sh (Nsight Compute, the swapped split kernel at B = 64 and 1),
+#      as long as time is left.
 set -u
 OUT=${OUT:-/tmp/fa_stop44f}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
@@ -25,5 +25,7 @@ timeout "$(left 70)" python3 benchmarks/bench_decode.py --rows 1:4096,1:32768,16
 tail -n 20 "$L/bench_decode.txt" | grep "^|" | grep -v -- "---"
 stamp "sanitizers (decode / combine cases)"
 OUT="$L/san" TOOL_TIMEOUT=$(left 100) CASES_K=decode timeout "$(left 130)" bash tools/sanitize.sh 2>&1 | tail -n 6
+stamp "ncu"
+OUT="$L/ncu" NCU_TIMEOUT=$(left 90) timeout "$(left 200)" bash tools/device_stop44_ncu.sh 2>&1 | tail -n 60
 tar -C "$OUT" -czf "$OUT/s44f.tgz" s44f
 stamp done
