@@ -6,7 +6,7 @@
 #   2. (~0.5 min) tools/decode_sm90_parts.py: split kernel / combine / step / an empty launch.
 #   3. (~0.5 min) benchmarks/bench_decode.py, MQA 32/1 and GQA 32/8, pages 16 and 256 (issue 16).
 #   4. the four sanitizers on the decode / combine cases.
-#   5. tools/device_stop44_ncu.sh (Nsight Compute, the swapped split kernel at B = 64 and 1),
+#   5. tools/device_stop44_ncu.sh (Nsight Compute, the swapped split kernel at B = 64),
 #      as long as time is left.
 set -u
 OUT=${OUT:-/tmp/fa_stop44f}; mkdir -p "$OUT"
@@ -26,6 +26,6 @@ tail -n 20 "$L/bench_decode.txt" | grep "^|" | grep -v -- "---"
 stamp "sanitizers (decode / combine cases)"
 OUT="$L/san" TOOL_TIMEOUT=$(left 100) CASES_K=decode timeout "$(left 130)" bash tools/sanitize.sh 2>&1 | tail -n 6
 stamp "ncu"
-OUT="$L/ncu" NCU_TIMEOUT=$(left 90) timeout "$(left 200)" bash tools/device_stop44_ncu.sh 2>&1 | tail -n 60
+OUT="$L/ncu" ROWS="64:4096" NCU_TIMEOUT=$(left 90) timeout "$(left 100)" bash tools/device_stop44_ncu.sh 2>&1 | tail -n 60
 tar -C "$OUT" -czf "$OUT/s44f.tgz" s44f
 stamp done

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Stop 44: Nsight Compute on the swapped MQA decode's split kernel (repo root, logs under $OUT):
 # where a B = 64 step's time goes (0.75 of copy bandwidth against cuDNN's 0.85) and a B = 1
-# step's (latency).  The 4th launch of tools/ncu_decode_case.py, clocks left alone.
+# step's (latency).  The 4th launch of tools/ncu_decode_case.py, clocks left alone.  ROWS: the
+# B:ctx rows (default "64:4096 1:4096").
 set -u
 OUT=${OUT:-/tmp/fa_ncu_dec}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
-for c in 64:4096 1:4096; do
+for c in ${ROWS:-64:4096 1:4096}; do
   IFS=':' read -r b ctx <<< "$c"
   stamp "B=$b ctx=$ctx"
   timeout ${NCU_TIMEOUT:-120} ncu --clock-control none --target-processes all \
