@@ -240,7 +240,7 @@ def decode_problem(q, kc, vc, seqlens, table, P, ctx, fmt="fp8"):
     from cupy_flashattn import fp8
     from cupy_flashattn.problem import AttentionProblem
 
-    B, _, H, _ = q.shape
+    B, _, H, D = q.shape  # (the head dim of these inputs, not the module's D)
     extra = {}
     if kc.dtype == np.uint8:  # float8 bytes
         Hk = kc.shape[-2]
