@@ -38,6 +38,7 @@ from .decode import (COMBINE_ARGS, COMBINE_PAIRS_PER_CTA, COMBINE_THREADS,
                      combine_values)
 from .launch import needs_transform, prefill_arch
 from .launcher import Launch, TmaLaunch
+from .schedule import uniform_lengths
 from .tma import fwd_geometries
 
 __all__ = [
@@ -190,8 +191,9 @@ def swapped_launch(problem: AttentionProblem, sm_count: int) -> SwappedLaunch:
     tiles_m = -(-p.num_heads // tr.block_m)
     items = tiles_m * int(p.batch_size) * splits
     grid = (max(1, min(items, int(sm_count))), 1, 1)
-    lengths_on_device = any(x is not None for x in (p.cu_seqlens_k, p.seqused_k, p.leftpad_k))
-    return SwappedLaunch(key, splits, tiles_m, grid, grid[0] < items and lengths_on_device)
+    # The prefill launches' rule (schedule.dynamic_schedule): claims from a counter where the
+    # lengths are on the device and there are fewer CTAs than items.
+    return SwappedLaunch(key, splits, tiles_m, grid, grid[0] < items and not uniform_lengths(p))
 
 
 def swapped_decode_plan(problem: AttentionProblem, sm_count: int) -> dict:
