@@ -291,8 +291,9 @@ __device__ __forceinline__ void q_bf16_to_f16_rows(u32 q_smem, float* row_factor
 //   o_in + s * o_split_stride + row * o_row_stride + head * o_head_stride   (elements)
 //   lse_in + s * lse_split_stride + (row / lse_rows) * lse_batch_stride + head * lse_head_stride + row % lse_rows
 // (lse_rows = rows per batch of a dense (B, H, S) LSE; = rows with a varlen (H, total) one).
-// A partial with an infinite LSE (either sign: no visible key) weighs 0 and its O is never read
-// (it may hold anything).  No partial with a key -> out 0, lse +inf.  A partial whose LSE is NaN
+// A partial with an infinite LSE (either sign: no visible key) weighs 0 and its O may hold
+// anything: combine_pair never reads it, merge_split_partials (float32 partials) loads it with
+// the others and discards it.  No partial with a key -> out 0, lse +inf.  A partial whose LSE is NaN
 // (a NaN score) makes the row NaN: it passes the "not infinite" test, fmaxf skips it in the max,
 // and its weight exp2(NaN) = NaN makes the total, the lse and every output element NaN.
 // Sinks (split-KV decode of a call with sinks; never merge_attention_states): the sink of the

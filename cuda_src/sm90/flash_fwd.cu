@@ -609,8 +609,9 @@ __device__ __forceinline__ void store_rows_f32(float* o, i64 o_row, float* lse_r
 // of that round (a tile it skips included: K and V are released unread, each after its FULL).
 
 // Whether the consumer warpgroups take ping-pong turns (Sm90FwdTraitsBase::pingpong).  Split
-// kernels serve swapped decode rows, at most 64 for MQA: one warpgroup's, so turns would pace
-// that one with the other's on padding rows (stop 43: a 128-key tile every ~3.5 us per CTA).
+// kernels serve swapped decode rows, H a sequence: one warpgroup's for H <= 64 (MQA 32/1), so
+// turns would pace that one with the other's on padding rows (stop 43: a 128-key tile every
+// ~3.5 us per CTA).
 // Not at D = 256 or softcap over pages, which spill without them.
 template <class Tr, bool Is_paged, bool Has_transform, bool Is_split>
 __device__ constexpr bool uses_pingpong() {
