@@ -106,7 +106,7 @@ def test_split_kernels_are_shipped_for_every_bucket():
 
 
 class _FakeCupy:
-    """Enough of CuPy for Sm90DecodePlan._stream_buffers: a current stream and NumPy arrays."""
+    """Enough of CuPy for Sm90DecodePlan.stream_buffers: a current stream and NumPy arrays."""
 
     class cuda:  # noqa: N801
         stream_ptr = 1
@@ -126,14 +126,15 @@ def test_partials_and_counter_are_kept_per_stream(monkeypatch, keep, dynamic):
     monkeypatch.setitem(__import__("sys").modules, "cupy", _FakeCupy)
     plan = object.__new__(ds.Sm90DecodePlan)
     plan.oacc_shape, plan.lacc_shape = (2, 3, 32, 8), (2, 96)
-    plan.keep_partials, plan.dynamic, plan._buffers = keep, dynamic, {}
-    a, b = plan._stream_buffers(), plan._stream_buffers()
+    plan.keep_partials, plan.dynamic = keep, dynamic
+    plan._init_buffers()
+    a, b = plan.stream_buffers(), plan.stream_buffers()
     assert a[0].shape == plan.oacc_shape and a[1].shape == plan.lacc_shape
     assert (a[0] is b[0]) == keep and (a[1] is b[1]) == keep
     assert (a[2] is None) == (not dynamic) and a[2] is b[2]
     _FakeCupy.cuda.stream_ptr = 2  # another stream: its own buffers
     try:
-        c = plan._stream_buffers()
+        c = plan.stream_buffers()
     finally:
         _FakeCupy.cuda.stream_ptr = 1
     assert c[0] is not a[0] and (c[2] is None or c[2] is not a[2])

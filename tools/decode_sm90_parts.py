@@ -58,7 +58,7 @@ def main(argv=None):
         if not hasattr(plan, "combine_launch"):
             print(f"B={B} ctx={ctx}: not the swapped plan ({type(plan).__name__})")
             continue
-        oacc, lacc, counter = plan._stream_buffers()
+        oacc, lacc, counter = plan.stream_buffers()
         ptrs = problem_pointers(prob)
         ptrs.update(sinks=None, oaccum=oacc, lse_accum=lacc, tile_counter=counter)
         combine = {"o_in": oacc, "lse_in": lacc, "o_out": prob.out, "lse_out": prob.softmax_lse,

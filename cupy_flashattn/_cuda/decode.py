@@ -50,6 +50,7 @@ from .compile import PARAMS, bucket_for, family_prefix, kernel_dtype_tag, load_f
 from .device_facts import decode_facts
 from .packing import ArgPack
 from .launcher import Launch, launch_packed
+from .per_stream import PerStream
 from .source import build_source
 
 __all__ = [
@@ -514,13 +515,16 @@ class DecodePlan:
         self.lacc_fill = p.cu_seqlens_q is not None
         ops = Operands(p, self.compute_dtype)
         self.direct = ops.direct
-        self._workspaces: dict = {}  # stream -> (oaccum, lse_accum), see _split_workspace
         ws_bytes = 4 * (int(np.prod(self.oacc_shape)) + int(np.prod(self.lacc_shape)))
         self.keep_workspace = ws_bytes <= SPLIT_WORKSPACE_KEEP_BYTES
+        # Small split partials are kept per CUDA stream (per_stream.py), larger ones made per call.
+        self._workspace = PerStream(self._new_workspace) if self.keep_workspace else None
         self.launch = self.combine_launch = None
         self.fused = fused_combine_applies(p, self.splits, self.key.v_splits, self.len_q_max,
                                            self.direct)
-        self._counters: dict = {}  # stream -> split counters (fused combine)
+        # The fused combine's per-tile counters, one set per CUDA stream, zeroed once (the
+        # combining CTA resets its own, so calls and graph replays find them at 0).
+        self._split_counters = PerStream(self._new_split_counters)
         if self.direct and not self.empty:
             self.launch = Launch(self.kernel, self.grid, (DECODE_THREADS,), self.smem,
                                  DECODE_ARGS, DECODE_ARGS.new(self._values(ops)))
@@ -531,22 +535,12 @@ class DecodePlan:
                     0, COMBINE_ARGS,
                     COMBINE_ARGS.new(self._combine_values(ops.o, ops.lse, sinks=p.sinks)))
 
-    def _split_workspace(self, cupy):
-        """The split partials (oaccum, lse_accum).  Kept per CUDA stream and reused by every
-        call of this plan when small (two cupy.empty calls were ~9 µs of a ~60 µs decode call
-        on the H200 machine): calls on one stream run in order, so a call's partials are
-        combined before the next call's decode kernel overwrites them; another stream gets its
-        own buffers.  A CUDA graph captured with them keeps valid addresses for as long as the
-        plan lives (the call cache holds it), unlike pool memory freed after the capture."""
-        if not self.keep_workspace:
-            return (cupy.empty(self.oacc_shape, dtype=np.float32),
-                    cupy.empty(self.lacc_shape, dtype=np.float32))
-        key = cupy.cuda.get_current_stream().ptr
-        ws = self._workspaces.get(key)
-        if ws is None:
-            ws = self._workspaces[key] = (cupy.empty(self.oacc_shape, dtype=np.float32),
-                                          cupy.empty(self.lacc_shape, dtype=np.float32))
-        return ws
+    def _new_workspace(self):
+        """Split partials (oaccum, lse_accum) of this plan's shapes."""
+        import cupy
+
+        return (cupy.empty(self.oacc_shape, dtype=np.float32),
+                cupy.empty(self.lacc_shape, dtype=np.float32))
 
     def _values(self, ops, oacc=None, lacc=None) -> dict:
         return {**ops.fwd_values(len_q_max=self.len_q_max), "oaccum": oacc, "lse_accum": lacc,
@@ -554,15 +548,11 @@ class DecodePlan:
                 "paged": 1 if ops.problem.paged else 0, "split_counters": None,
                 **self._scales(ops.problem)}
 
-    def _split_counters(self, cupy):
-        """The fused combine's per-tile counters, one set per CUDA stream (zeroed once; the
-        combining CTA resets its own, so calls and graph replays find them at 0)."""
-        key = cupy.cuda.get_current_stream().ptr
-        counters = self._counters.get(key)
-        if counters is None:
-            _, y, b = self.grid
-            counters = self._counters[key] = cupy.zeros(b * y * self.m_blocks, dtype=np.int32)
-        return counters
+    def _new_split_counters(self):
+        import cupy
+
+        _, y, b = self.grid
+        return cupy.zeros(b * y * self.m_blocks, dtype=np.int32)
 
     def _scales(self, p) -> dict:
         """A float8 K/V's dequantization scales: (Hk,) float32 CuPy arrays (None: 1)."""
@@ -583,20 +573,18 @@ class DecodePlan:
         )
 
     def run(self, p: AttentionProblem) -> None:
-        import cupy
-
         if self.empty:
             return
         oacc = lacc = None
         if self.splits > 1:
-            oacc, lacc = self._split_workspace(cupy)
+            oacc, lacc = self._workspace.get() if self._workspace else self._new_workspace()
             if self.lacc_fill:
                 lacc.fill(-np.inf)
         if self.direct:
             pointers = problem_pointers(p)
             pointers["oaccum"], pointers["lse_accum"] = oacc, lacc
             if self.fused:
-                pointers["split_counters"] = self._split_counters(cupy)
+                pointers["split_counters"] = self._split_counters.get()
             if self.key.kv:  # float8 K/V: the call's scales too (nothing on the 16-bit path)
                 pointers.update(self._scales(p))
             self.launch(pointers)

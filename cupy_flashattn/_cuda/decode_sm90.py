@@ -38,7 +38,8 @@ from .decode import (COMBINE_ARGS, COMBINE_PAIRS_PER_CTA, COMBINE_THREADS,
                      combine_values)
 from .launch import needs_transform, prefill_arch
 from .launcher import Launch, TmaLaunch
-from .schedule import uniform_lengths
+from .per_stream import PerStream
+from .schedule import new_tile_counter, uniform_lengths
 from .tma import fwd_geometries
 
 __all__ = [
@@ -224,11 +225,11 @@ class Sm90DecodePlan:
         self.key, self.splits, self.tiles_m, self.grid = s.key, s.splits, s.tiles_m, s.grid
         self.dynamic = s.dynamic  # lengths on the device: CTAs claim items from a counter
         tr = key_traits(self.key)
-        self._buffers: dict = {}  # stream -> _stream_buffers()
         B, H, D = int(p.batch_size), p.num_heads, p.head_dim
         self.oacc_shape = (self.splits, B, H, D)
         self.lacc_shape = (self.splits, B * H)
         self.keep_partials = 4 * self.splits * B * H * (D + 1) <= SPLIT_WORKSPACE_KEEP_BYTES
+        self._init_buffers()
         ops = Operands(view, compute_dtype(self.key.dtype))
         assert ops.direct, "swapped_decode_applies admits only arrays the kernel reads in place"
         values = ops.fwd_values(tiles_m=self.tiles_m)
@@ -248,30 +249,26 @@ class Sm90DecodePlan:
         self.combine_launch = Launch(_combine_kernel(), (-(-(B * H) // COMBINE_PAIRS_PER_CTA),),
                                      (COMBINE_THREADS,), 0, COMBINE_ARGS, COMBINE_ARGS.new(cvals))
 
-    def _stream_buffers(self):
-        """(oaccum, lse_accum, tile counter or None) of the current CUDA stream, made on its
-        first call there and kept (calls on one stream run in order, so a call's partials are
-        combined before the next call's kernel writes them, and the kernel leaves the counter
-        at 0), as the decode plan keeps its own; partials above SPLIT_WORKSPACE_KEEP_BYTES are
-        allocated per call instead."""
+    def _init_buffers(self):
+        """Kept per CUDA stream (per_stream.py): the dynamic schedule's counter (the kernel
+        leaves it at 0) and partials up to SPLIT_WORKSPACE_KEEP_BYTES (larger ones are made per
+        call)."""
+        self._counter = PerStream(new_tile_counter) if self.dynamic else None
+        self._partials = PerStream(self._new_partials) if self.keep_partials else None
+
+    def stream_buffers(self):
+        """(oaccum, lse_accum, tile counter or None) for a step on the current CUDA stream."""
+        oacc, lacc = self._partials.get() if self._partials else self._new_partials()
+        return oacc, lacc, self._counter.get() if self._counter else None
+
+    def _new_partials(self):
         import cupy
 
-        key = cupy.cuda.get_current_stream().ptr
-        bufs = self._buffers.get(key)
-        if bufs is None:
-            counter = cupy.zeros(2, dtype=np.int32) if self.dynamic else None
-            bufs = (*self._new_partials(cupy), counter)
-            self._buffers[key] = bufs if self.keep_partials else (None, None, counter)
-        elif bufs[0] is None:
-            bufs = (*self._new_partials(cupy), bufs[2])
-        return bufs
-
-    def _new_partials(self, cupy):
         return (cupy.empty(self.oacc_shape, dtype=np.float32),
                 cupy.empty(self.lacc_shape, dtype=np.float32))
 
     def run(self, p: AttentionProblem) -> None:
-        oacc, lacc, counter = self._stream_buffers()
+        oacc, lacc, counter = self.stream_buffers()
         pointers = problem_pointers(p)
         pointers.update(sinks=None, oaccum=oacc, lse_accum=lacc, tile_counter=counter)
         self.launch(pointers)

@@ -16,6 +16,7 @@ import numpy as np
 
 from .launcher import Launch
 from .packing import ArgPack
+from .per_stream import PerStream
 
 __all__ = ["F32_SPLIT_ARGS", "F32Planes", "split_source", "plane_values"]
 
@@ -89,17 +90,11 @@ class F32Planes:
         self.amax = Launch(_kernel(AMAX_NAME), amax_grid, (_THREADS,), 0, F32_SPLIT_ARGS, template)
         self.split = Launch(_kernel(SPLIT_NAME), split_grid, (_THREADS,), 0, F32_SPLIT_ARGS,
                             template)
-        self._workspaces: dict = {}
+        self._workspace = PerStream(lambda: _Workspace(self.q_shape, self.kv_shape))
 
     def workspace(self) -> _Workspace:
         """The current stream's planes (made on its first use: outside a graph capture)."""
-        import cupy
-
-        key = cupy.cuda.get_current_stream().ptr
-        ws = self._workspaces.get(key)
-        if ws is None:
-            ws = self._workspaces[key] = _Workspace(self.q_shape, self.kv_shape)
-        return ws
+        return self._workspace.get()
 
     def run(self, q, k, v) -> _Workspace:
         """Fill the current stream's planes from q, k, v; returns them."""

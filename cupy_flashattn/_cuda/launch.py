@@ -31,7 +31,8 @@ from .compile import (FWD_ARGS, PRECISE_ARGS, SM90_ARGS, SM90_F32_ARGS, SM90_F32
                       SM90_HEAD_DIM_BUCKETS, SM90_UNSHIPPED, KernelKey, bucket_for, get_kernel,
                       is_precise, kernel_dtype_tag, key_traits)
 from .launcher import Launch, TmaLaunch, launch_packed
-from .schedule import dynamic_schedule, launch_grid, prefill_grid
+from .per_stream import PerStream
+from .schedule import dynamic_schedule, launch_grid, new_tile_counter, prefill_grid
 from .tma import fwd_geometries
 
 __all__ = ["run_attention", "is_available", "select_kernel", "prefill_arch", "force_prefill_arch",
@@ -226,7 +227,7 @@ class PrefillPlan:
         # launch, see sm90/tile_scheduler.cuh); calls on one stream run in order, another
         # stream gets its own.
         self.dynamic = not self.empty and dynamic_schedule(p, tr, key.arch, self.grid)
-        self._counters: dict = {}
+        self._counter = PerStream(new_tile_counter) if self.dynamic else None
         self.block = (tr.num_threads,)
         self.smem = tr.smem_bytes
         self.kernel = None if self.empty else get_kernel(key)
@@ -264,15 +265,7 @@ class PrefillPlan:
 
     def _tile_counter(self):
         """The dynamic schedule's counter of the current stream (None: static rounds)."""
-        if not self.dynamic:
-            return None
-        import cupy
-
-        key = cupy.cuda.get_current_stream().ptr
-        counter = self._counters.get(key)
-        if counter is None:
-            counter = self._counters[key] = cupy.zeros(2, dtype=np.int32)
-        return counter
+        return self._counter.get() if self._counter is not None else None
 
     def _values(self, ops, p):
         values = ops.fwd_values(len_q_min=self.len_q_min, tiles_m=self.tiles_m)

@@ -25,7 +25,7 @@ import numpy as np
 from ..problem import AttentionProblem
 
 __all__ = ["prefill_grid", "persistent_grid", "uniform_lengths", "snake_makespan", "launch_grid",
-           "dynamic_schedule", "sm_count_of", "SM90_GRID_ENV"]
+           "new_tile_counter", "dynamic_schedule", "sm_count_of", "SM90_GRID_ENV"]
 
 
 def prefill_grid(problem: AttentionProblem, tr) -> tuple:
@@ -133,6 +133,14 @@ def dynamic_schedule(problem: AttentionProblem, tr, arch: str, grid: tuple) -> b
         return False
     tiles_m, heads, batch = prefill_grid(problem, tr)
     return int(grid[0]) < tiles_m * heads * batch
+
+
+def new_tile_counter():
+    """A zeroed counter for launches with the dynamic schedule: [next tile - gridDim.x, CTAs
+    retired] (sm90/tile_scheduler.cuh; the last CTA to retire zeroes it for the next launch)."""
+    import cupy
+
+    return cupy.zeros(2, dtype=np.int32)
 
 
 def launch_grid(problem: AttentionProblem, tr, arch: str, sm_count=None) -> tuple:

@@ -185,7 +185,7 @@ def test_decode_step_graph_replay_matches_eager(paged):
 
 def test_back_to_back_split_decodes_share_workspace_safely():
     """A cached split-KV decode plan reuses its partials buffer and an LSE scratch buffer per
-    stream (``DecodePlan._split_workspace``, ``_Call._lse_buffer``): many calls issued back to
+    stream (``DecodePlan._workspace``, a ``PerStream``; ``_Call._lse_buffer``): many calls issued back to
     back on one stream, and on two streams at once, must each give the result of a fresh call
     on their own inputs."""
     rng = np.random.default_rng(7)
