@@ -202,7 +202,7 @@ struct PageIds {
       else
         sm.flags[s * 4 + (t >> 5)] = any;
     }
-    if (gather) pipe::named_sync(5, 128);  // every row's id is in the stage before any copy reads it
+    if (gather) pipe::named_sync(Tr::kProducerBar, 128);  // every row's id is in the stage before any copy reads it
   }
 };
 
@@ -911,7 +911,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
   // Epilogue: O /= l, LSE.  O goes through this warpgroup's own rows of the staging tile (its
   // own buffer, or without kSeparateO the Q tile, whose last wgmma has completed) so that the
   // global stores are 16-byte and row-contiguous rather than 4-byte pairs.
-  if constexpr (Tr::kSeparateO) pipe::named_sync(3 + cw, 128);  // the last tile's O is read
+  if constexpr (Tr::kSeparateO) pipe::named_sync(Tr::kEpilogueBar + cw, 128);  // the last tile's O is read
   // The staging base through an opaque move: its addresses are loop-invariant over the
   // persistent schedule, and hoisted out of it they stayed live through the main loop (48 bytes
   // of spills in the D = 192 and the D = 256 softcap / ALiBi consumers).
@@ -930,7 +930,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
     if (t == 0 && row < rows_valid)
       p.lse[(i64)bidh * p.lse_head_stride + si.q_start + m0 + row] = lse[0][h];
   }
-  pipe::named_sync(3 + cw, 128);  // this warpgroup's rows are written
+  pipe::named_sync(Tr::kEpilogueBar + cw, 128);  // this warpgroup's rows are written
   u16* o_tile = p.o + (i64)(si.q_start + m0) * p.o_row_stride + (i64)bidh * p.o_head_stride;
   constexpr int kWgChunks = Tr::kWgRows * Tr::kChunks;
 #pragma unroll

@@ -1,7 +1,8 @@
 // sm90/kernel_traits.cuh -- tile sizes of the Hopper (sm_90a) prefill kernel per head-dim bucket.
 //
 // One CTA = one producer warpgroup (loads K/V/Q into a kStages ring, few registers) and two
-// consumer warpgroups (64 query rows each, so kBlockM = 128), 384 threads, one CTA per SM.
+// consumer warpgroups (64 query rows each, so kBlockM = 128; FA_SM90_WGS_64 = 3: three at
+// D = 64), 384 threads, one CTA per SM.
 // Registers: 168 per thread at entry (__launch_bounds__(384, 1)); setmaxnreg moves them to
 // kProducerRegs / kConsumerRegs with the same total (e.g. 128 x 56 + 256 x 224 = 384 x 168), so
 // the consumers' increase never waits on registers another CTA holds.
@@ -50,10 +51,20 @@
 #ifndef FA_SM90_STAGES_128
 #define FA_SM90_STAGES_128 2
 #endif
+// Consumer warpgroups of the D = 64 kernels (an A/B switch, stop 45): 3 makes the CTA 192 x 80
+// (each K / V tile serves 192 query rows instead of 128, and 12 consumer warps hide latency;
+// FlashAttention-3 runs D = 64 on three warpgroups too), 512 threads, without ping-pong (which
+// pairs two warpgroups).  Registers (ptxas, sm_90a, the 16 D = 64 kernels): at 512 threads the
+// entry allocation is 128, so producer / consumers are 40 / 152 -- 128-key tiles there
+// serialize their wgmma (C7512) or spill (68-312 bytes at 32 / 160), 80-key tiles fit with
+// none; producer 32 or 24 spills in the paged kernels.
+#ifndef FA_SM90_WGS_64
+#define FA_SM90_WGS_64 2
+#endif
 // Key-tile width per head-dim bucket (device sweeps; the values below are the shipped ones; a
 // width needs its S = Q K^T wrapper in tools/gen_wgmma.py's SHAPES).
 #ifndef FA_SM90_BLOCKN_64
-#define FA_SM90_BLOCKN_64 128
+#define FA_SM90_BLOCKN_64 (FA_SM90_WGS_64 == 3 ? 80 : 128)
 #endif
 #ifndef FA_SM90_BLOCKN_128
 #define FA_SM90_BLOCKN_128 128
@@ -69,12 +80,13 @@ namespace fa {
 
 // kPlanes_ = 2: the float32 kernel (flash_fwd.cu, "Float32 as two float16 planes"): Q, K and V
 // each come as a high and a low float16 plane, both in shared memory.
-template <int kHeadDim_, int kBlockN_, int kStages_, int kProducerRegs_ = 56, int kPlanes_ = 1>
+template <int kHeadDim_, int kBlockN_, int kStages_, int kProducerRegs_ = 56, int kPlanes_ = 1,
+          int kConsumerWGs_ = 2>
 struct Sm90FwdTraitsBase {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
-  static constexpr int kConsumerWGs = 2;
+  static constexpr int kConsumerWGs = kConsumerWGs_;
   static constexpr int kWgRows = 64;  // wgmma M
   static constexpr int kBlockM = kConsumerWGs * kWgRows;
   static constexpr int kNThreads = 128 * (1 + kConsumerWGs);
@@ -84,8 +96,18 @@ struct Sm90FwdTraitsBase {
   static constexpr int kVSplits = 1;  // D > 256 runs on the sm80 family
   static constexpr int kProducerRegs = kProducerRegs_;
   static constexpr int kPlanes = kPlanes_;
-  // The rest of the entry allocation (168 x 384), a multiple of 8.
-  static constexpr int kConsumerRegs = (168 * kNThreads - 128 * kProducerRegs) / (128 * kConsumerWGs) / 8 * 8;
+  // Registers per thread at entry: the 64K register file over the CTA's threads, a multiple of
+  // 8 (384 threads: 168; 512: 128).  The consumers get the rest of it, a multiple of 8.
+  static constexpr int kEntryRegs = 65536 / kNThreads / 8 * 8;
+  static constexpr int kConsumerRegs =
+      (kEntryRegs * kNThreads - 128 * kProducerRegs) / (128 * kConsumerWGs) / 8 * 8;
+  static_assert(kConsumerRegs <= 256 && kProducerRegs >= 24, "setmaxnreg's range");
+  // Named barriers (id 0 is __syncthreads): 1 and 2 the ping-pong turns of consumer warpgroups
+  // 0 and 1, kEpilogueBar + cw the epilogue of consumer warpgroup cw, kProducerBar the
+  // producer warpgroup's (the paged gather's ids).  16 exist.
+  static constexpr int kEpilogueBar = 3;
+  static constexpr int kProducerBar = kEpilogueBar + kConsumerWGs;
+  static_assert(kProducerBar < 16, "named barrier ids");
 
   // Whether the consumers overlap the softmax of tile n with P V of tile n + 1 (flash_fwd.cu).
   // Measured with ping-pong on (NOTES.md sm90-v3, bf16 S = 4k, TFLOP/s with / without): D = 64
@@ -99,7 +121,7 @@ struct Sm90FwdTraitsBase {
   // (D = 128: 584 TFLOP/s with, 491 without).  The D = 256 softcap/ALiBi paged kernel spills
   // 8 bytes with it (at 56 / 224 registers; at 40 / 232 the producer spills), so not there.
   __host__ __device__ static constexpr bool pingpong(bool paged, bool transform) {
-    return FA_SM90_PINGPONG && !(paged && transform && kHeadDim == 256);
+    return FA_SM90_PINGPONG && kConsumerWGs == 2 && !(paged && transform && kHeadDim == 256);
   }
 
   static constexpr int kNTiles = kBlockN / 8;    // n8 tiles of S per row
@@ -164,7 +186,8 @@ struct Sm90FwdTraits<kHeadDim, false, true> : Sm90FwdTraits<kHeadDim, false, fal
 
 // First version (NOTES.md sm90-v1): the largest key tile whose 2-stage ring fits 227 KB.
 // D = 64: 128 x 128, 3 stages (16 + 96 KB).
-template <> struct Sm90FwdTraits<64> : Sm90FwdTraitsBase<64, FA_SM90_BLOCKN_64, 3> {};
+template <> struct Sm90FwdTraits<64>
+    : Sm90FwdTraitsBase<64, FA_SM90_BLOCKN_64, 3, FA_SM90_WGS_64 == 3 ? 40 : 56, 1, FA_SM90_WGS_64> {};
 // D = 128: 128 x 128, 2 stages (32 + 128 KB).  S 64 + O 64 fp32 registers per consumer thread.
 // 3 stages (224 KB) measured the same (579 vs 584 TFLOP/s, S = 4k): the producer keeps up.
 template <> struct Sm90FwdTraits<128> : Sm90FwdTraitsBase<128, FA_SM90_BLOCKN_128, FA_SM90_STAGES_128> {};
