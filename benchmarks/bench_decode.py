@@ -236,7 +236,8 @@ def quantized(k, v, fmt="fp8"):
 
 
 def decode_problem(q, kc, vc, seqlens, table, P, ctx, fmt="fp8"):
-    """The AttentionProblem our front end would build for the decode call (kernel-only path)."""
+    """The AttentionProblem our front end would build for the decode call (kernel-only path):
+    like the call (no return_softmax_lse), its LSE is not read."""
     from cupy_flashattn import fp8
     from cupy_flashattn.problem import AttentionProblem
 
@@ -251,7 +252,8 @@ def decode_problem(q, kc, vc, seqlens, table, P, ctx, fmt="fp8"):
         v=vc if P else vc.reshape(B * ctx, -1, D), out=cupy.empty((B, H, D), BF16),
         softmax_lse=cupy.empty((H, B), np.float32), batch_size=B, seqlen_q=1,
         seqlen_k=ctx, max_seqlen_q=1, max_seqlen_k=ctx, seqused_k=seqlens,
-        block_table=table, page_block_size=P, softmax_scale=1 / np.sqrt(D), window_right=0)
+        block_table=table, page_block_size=P, softmax_scale=1 / np.sqrt(D), window_right=0,
+        lse_unread=True)
 
 
 def measure_ours(timer, q, kc, vc, seqlens, table, P, ctx, n_b2b, ref, fmt="fp8"):

@@ -79,7 +79,7 @@ class _Call:
     the empty cases (module docstring)."""
 
     def __init__(self, xp, fields: dict, num_heads: int, head_dim: int, return_lse: bool,
-                 query_rows: int, key_rows: int):
+                 query_rows: int, key_rows: int, attn_probs: bool = False):
         if xp is not np:
             counted = [("q", query_rows)]
             if not fields.get("page_block_size"):  # a paged pool's rows are indexed per page
@@ -96,10 +96,12 @@ class _Call:
         # A float8 call's scales (fp8.ScaleBinding: fixed arrays, or the caller's per call);
         # None for 16/32/64-bit K/V.
         self.kv_scales = fields.pop("kv_scales", None)
-        self.fields = fields
+        # Calls whose LSE nobody reads (not returned) let a backend write it in its own order.
+        self.fields = {**fields, "lse_unread": not (return_lse or attn_probs)}
         self.H = num_heads
         self.D = head_dim
         self.return_lse = return_lse
+        self.attn_probs = attn_probs
         self.plan = None
         self.no_queries = query_rows == 0
         self.no_keys = key_rows == 0
@@ -189,8 +191,7 @@ class DenseCall(_Call):
     def __init__(self, xp, fields, num_heads, head_dim, return_lse, attn_probs, q_shape, k_shape):
         B, Sq = q_shape[0], q_shape[1]
         super().__init__(xp, fields, num_heads, head_dim, return_lse, query_rows=B * Sq,
-                         key_rows=k_shape[0] * k_shape[1])
-        self.attn_probs = attn_probs
+                         key_rows=k_shape[0] * k_shape[1], attn_probs=attn_probs)
         self.q_shape = q_shape
         self.q_rows = (B * Sq,) + tuple(q_shape[2:])
         self.k_rows = (k_shape[0] * k_shape[1],) + tuple(k_shape[2:])
@@ -215,8 +216,7 @@ class VarlenCall(_Call):
     def __init__(self, xp, fields, num_heads, head_dim, return_lse, attn_probs, *, query_rows,
                  key_rows):
         super().__init__(xp, fields, num_heads, head_dim, return_lse, query_rows=query_rows,
-                         key_rows=key_rows)
-        self.attn_probs = attn_probs
+                         key_rows=key_rows, attn_probs=attn_probs)
 
     def execute(self, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
                 sinks, mm_prefix_ranges, out, k_scale=None, v_scale=None):

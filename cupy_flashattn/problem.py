@@ -101,6 +101,10 @@ class AttentionProblem:
 
     # -- scheduling hints --------------------------------------------------------------------
     num_splits: int = 0  # split-KV factor for decode (0 = the backend chooses)
+    # True when nobody reads softmax_lse (the caller did not ask for it): a backend may then
+    # leave it in another order -- the swapped MQA decode's one-split launch writes it (B, H)
+    # instead of (H, B) and so needs no combine kernel (_cuda/decode_sm90.py).
+    lse_unread: bool = False
 
     @property
     def paged(self) -> bool:

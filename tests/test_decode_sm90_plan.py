@@ -18,7 +18,8 @@ SMS = 132
 
 
 def _problem(*, H=32, Hk=1, D=128, B=4, Sq=1, max_k=4096, paged=True, dtype=np.float16,
-             window_left=-1, alibi=False, softcap=0.0, num_splits=0, varlen=False):
+             window_left=-1, alibi=False, softcap=0.0, num_splits=0, varlen=False,
+             lse_unread=False, sinks=False):
     q = np.zeros((B * Sq, H, D), dtype)
     k = np.zeros((64, 16, Hk, D) if paged else (B * max_k, Hk, D), dtype)
     return AttentionProblem(
@@ -30,7 +31,8 @@ def _problem(*, H=32, Hk=1, D=128, B=4, Sq=1, max_k=4096, paged=True, dtype=np.f
         block_table=np.zeros((B, 256), np.int32) if paged else None,
         page_block_size=16 if paged else 0, softmax_scale=0.1, window_left=window_left,
         softcap=softcap, alibi_slopes=np.zeros((B, H), np.float32) if alibi else None,
-        num_splits=num_splits)
+        num_splits=num_splits, lse_unread=lse_unread,
+        sinks=np.zeros(H, np.float32) if sinks else None)
 
 
 def test_mqa_decode_takes_the_sm90_split_kernel_on_hopper_only():
@@ -89,6 +91,42 @@ def test_split_counts(B, ctx, splits):
     assert s.dynamic == (B * splits > SMS)  # seqused_k: lengths on the device
 
 
+@pytest.mark.parametrize("B,ctx,lse_unread,splits,direct", [
+    (64, 4096, True, 1, True),  # fills 0.45 of the SMs, LSE unread: one split, no combine
+    (64, 4096, False, 2, False),  # the LSE is read in (H, B) order: partials + combine
+    (32, 8192, True, 4, False),  # below the fill: splits and the combine win (stop 45)
+    (300, 4096, True, 1, True),
+    (1, 100, False, 1, True),  # one sequence: the kernel's (B, H) LSE is the caller's (H, B)
+    (1, 4096, False, 16, False),
+])
+def test_direct_output(B, ctx, lse_unread, splits, direct):
+    """Where one split stores straight into out / softmax_lse (SWAP_DIRECT_MIN_FILL,
+    direct_output_applies), which describe_launches reports as a launch without combine."""
+    p = _problem(B=B, max_k=ctx, lse_unread=lse_unread)
+    s = ds.swapped_launch(p, SMS)
+    assert (s.splits, s.direct) == (splits, direct)
+    (launch,) = describe_launches(p, sm_count=SMS, device_cc=90)
+    assert launch["combine"] == (not direct)
+
+
+@pytest.mark.parametrize("change", [dict(sinks=True), dict(D=256), dict(B=2)])
+def test_direct_output_needs_no_sinks_a_kernel_with_it_and_an_lse_in_order(change):
+    """Sinks join in the combine; the D = 256 split kernels have no direct store
+    (kSplitDirectOut); two sequences whose LSE is read need its (H, B) order."""
+    p = _problem(**{"B": 1, "max_k": 100, **change})
+    assert not ds.direct_output_applies(p) and ds.swapped_launch(p, SMS).direct is False
+
+
+def test_direct_output_buckets_agree_with_the_kernel_traits():
+    """SWAP_DIRECT_MAX_HEAD_DIM is the host's copy of sm90/kernel_traits.cuh kSplitDirectOut."""
+    from cupy_flashattn._cuda.device_facts import _evaluate
+    from cupy_flashattn._cuda.source import build_source
+
+    kernel = _evaluate(build_source("sm90/kernel_traits.cuh"),
+                       [f"fa::Sm90FwdTraits<{d}>::kSplitDirectOut" for d in cc.SM90_HEAD_DIM_BUCKETS])
+    assert [bool(x) for x in kernel] == [d <= ds.SWAP_DIRECT_MAX_HEAD_DIM for d in cc.SM90_HEAD_DIM_BUCKETS]
+
+
 @pytest.mark.parametrize("forced,expect", [(1, 1), (3, 3), (70, 32), (5, 5)])
 def test_forced_split_counts_never_leave_a_run_empty(forced, expect):
     """A user's num_splits is honoured up to the key tiles (32 at ctx 4096), rounded so that
@@ -126,7 +164,7 @@ def test_partials_and_counter_are_kept_per_stream(monkeypatch, keep, dynamic):
     monkeypatch.setitem(__import__("sys").modules, "cupy", _FakeCupy)
     plan = object.__new__(ds.Sm90DecodePlan)
     plan.oacc_shape, plan.lacc_shape = (2, 3, 32, 8), (2, 96)
-    plan.keep_partials, plan.dynamic = keep, dynamic
+    plan.keep_partials, plan.dynamic, plan.direct_out = keep, dynamic, False
     plan._init_buffers()
     a, b = plan.stream_buffers(), plan.stream_buffers()
     assert a[0].shape == plan.oacc_shape and a[1].shape == plan.lacc_shape

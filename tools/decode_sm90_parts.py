@@ -9,7 +9,7 @@ Each timed launch follows bench_decode.py's clean L2 flush, which keeps the GPU 
 host prepares it (so host work is not timed); medians of bench_decode.py's repetitions.
 
     PYTHONPATH=. python3 tools/decode_sm90_parts.py [--rows 1:4096,1:32768,4:8192,64:4096]
-        [--heads 32/1] [--page 16] [--splits 0]      (D = 128, bench_decode.py's)
+        [--heads 32/1] [--page 16] [--splits 0] [--lse-read]      (D = 128, bench_decode.py's)
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ def main(argv=None):
     ap.add_argument("--heads", default="32/1")
     ap.add_argument("--page", type=int, default=16)
     ap.add_argument("--splits", type=int, default=0)
+    ap.add_argument("--lse-read", action="store_true",
+                    help="the step's LSE is read (return_softmax_lse): no direct output, so "
+                         "partials and the combine at every batch (default: bench_decode.py's "
+                         "problem, whose LSE nobody reads)")
     args = ap.parse_args(argv)
     (H, Hk), D, P = map(int, args.heads.split("/")), 128, args.page  # bench_decode.py's D
     timer = Timer("clean")
@@ -54,6 +58,8 @@ def main(argv=None):
         prob = decode_problem(q, kc, vc, lens, table, P, ctx, None)
         if args.splits:
             prob = dataclasses.replace(prob, num_splits=args.splits)
+        if args.lse_read:
+            prob = dataclasses.replace(prob, lse_unread=False)
         plan = _cuda.plan_attention(prob)[0]
         if not hasattr(plan, "combine_launch"):
             print(f"B={B} ctx={ctx}: not the swapped plan ({type(plan).__name__})")
@@ -66,8 +72,9 @@ def main(argv=None):
         parts = {
             "step": lambda: plan.run(prob),
             "split kernel": lambda: plan.launch(ptrs),
-            "combine": lambda: plan.combine_launch(combine),
         }
+        if plan.combine_launch is not None:  # None: the direct output
+            parts["combine"] = lambda: plan.combine_launch(combine)
         cells = [f"{name} {timer.kernel(fn) * 1e6:.1f}" for name, fn in parts.items()]
         print(f"B={B} ctx={ctx} H/Hk={H}/{Hk} D={D} page={P} splits={plan.splits} grid={plan.grid[0]}: "
               + ", ".join(cells) + " us", flush=True)

@@ -10,8 +10,13 @@
 #   4. the four sanitizers on every case;
 #   5. bench_decode.py, MQA 32/1 and GQA 32/8, pages 16 and 256 (issue 16).
 # MODE=second: the CPU-marked tests that run kernels and the prefill tests forced to sm80
-#   (device_verify_sm90.sh STEPS=eb), quickbench's D = 64 A/B once more, decode_sm90_parts.py,
-#   Nsight Compute on the swapped MQA split kernel at B = 64 (tools/device_stop44_ncu.sh).
+#   (device_verify_sm90.sh STEPS=eb), quickbench's D = 64 A/B once more (QB=1),
+#   decode_sm90_parts.py, Nsight Compute on the swapped MQA split kernel at B = 64
+#   (tools/device_stop44_ncu.sh).
+# MODE=direct: the swapped decode's direct output (one split, no combine): the whole GPU suite,
+#   the sanitizers on the decode cases, decode_sm90_parts.py with the LSE unread (direct where
+#   the batch fills the SMs) and read (partials + combine), bench_decode.py's MQA rows, then
+#   tools/prefill_gap_probe.py (issue 12's back-to-back gap).
 set -u
 MODE=${MODE:-first}
 OUT=${OUT:-/tmp/fa_s45}; mkdir -p "$OUT"
@@ -46,10 +51,33 @@ if [ "$MODE" = first ]; then
   timeout "$(left 70)" python3 benchmarks/bench_decode.py --rows 1:4096,1:32768,16:16384,64:4096 \
     --heads 32/1,32/8 --pages 16,256 --kv bf16 --out "$L/bd" > "$L/bench_decode.txt" 2>&1
   tail -n 20 "$L/bench_decode.txt" | grep "^|" | grep -v -- "---"
+elif [ "$MODE" = direct ]; then
+  stamp "whole GPU suite"
+  OUT="$L/suite" N=8 PYTEST_TIMEOUT=$(left 230) bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 14
+  stamp "sanitizers (decode cases)"
+  OUT="$L/san" LOG_DIR="$L/san_logs" CASES_K=decode TOOL_TIMEOUT=$(left 80) timeout "$(left 110)" \
+    bash tools/sanitize.sh 2>&1 | tail -n 6
+  for lse in "" --lse-read; do
+    stamp "decode_sm90_parts.py $lse"
+    timeout "$(left 60)" python3 tools/decode_sm90_parts.py $lse \
+      --rows 1:256,32:8192,48:4096,64:4096,96:2048,128:2048 > "$L/parts$lse.txt" 2>&1
+    cat "$L/parts$lse.txt"
+  done
+  stamp "decode_sm90_parts.py B = 48 / 64, forced splits"
+  for sp in 1 2; do
+    timeout "$(left 40)" python3 tools/decode_sm90_parts.py --splits $sp --rows 48:4096,64:4096 2>&1 | grep -v "^empty"
+  done
+  stamp "bench_decode.py (MQA)"
+  timeout "$(left 70)" python3 benchmarks/bench_decode.py --rows 1:4096,1:32768,16:16384,64:4096,128:2048 \
+    --heads 32/1 --pages 16 --kv bf16 --out "$L/bd" > "$L/bench_decode.txt" 2>&1
+  tail -n 12 "$L/bench_decode.txt" | grep "^|" | grep -v -- "---"
+  stamp "prefill_gap_probe.py"
+  timeout "$(left 90)" python3 tools/prefill_gap_probe.py > "$L/gap.txt" 2>&1
+  cat "$L/gap.txt"
 else
   stamp "verify: extra + sm80-forced"
   OUT="$L/verify" STEPS=eb SM80_TIMEOUT=$(left 200) bash tools/device_verify_sm90.sh 2>&1 | tail -n 14
-  quickbench_ab 2
+  [ "${QB:-0}" = 1 ] && quickbench_ab 2
   stamp "decode_sm90_parts.py"
   timeout "$(left 60)" python3 tools/decode_sm90_parts.py --rows 1:2048,1:4096,1:32768,4:8192,16:16384,64:4096 \
     > "$L/parts.txt" 2>&1

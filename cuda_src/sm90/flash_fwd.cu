@@ -91,8 +91,10 @@ struct Sm90Tile {
 // partials -- the split-KV decode kernel's layout (sm80/flash_decode.cu DecodeParams) -- which
 // the decode combine kernel merges.  A split without keys stores O = 0 and LSE +inf (the
 // combine weighs it 0).  Sinks are the combine's: the host passes none to these kernels.
+// oaccum null (one split, Tr::kSplitDirectOut): no partials -- O and the LSE go straight into
+// p.o / p.lse, and no combine follows (the host's direct launch).
 struct SplitOut {
-  float* oaccum;     // (num_splits, total_q, H, head_dim)
+  float* oaccum;     // (num_splits, total_q, H, head_dim), or null (direct)
   float* lse_accum;  // (num_splits, H, total_q)
   int num_splits;
 };
@@ -605,6 +607,29 @@ __device__ __forceinline__ void store_rows_f32(float* o, i64 o_row, float* lse_r
   }
 }
 
+// The same rows as 16-bit pairs (Elem::pack): the split kernel's direct output (one split, no
+// partials), a decode step's few rows per sequence, for which staging O through shared memory
+// for 16-byte stores (the other kernels' epilogue) would buy little and cost the D = 192
+// kernels spills.  Pairs need an even head dim; the swapped decode takes head_dim % 8 == 0.
+template <class Tr, class Elem>
+__device__ __forceinline__ void store_rows_16(u16* o, i64 o_row, float* lse_rows,
+                                              const float (&acc_o)[1][Tr::kDTiles][4],
+                                              const float (&lse)[1][2], int cw, int warp, int lane,
+                                              int rows_valid, int head_dim) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = Tr::kWgRows * cw + 16 * warp + 8 * h + g;
+    if (row >= rows_valid) continue;
+#pragma unroll
+    for (int dt = 0; dt < Tr::kDTiles; ++dt)
+      if (8 * dt + 2 * t < head_dim)
+        *reinterpret_cast<u32*>(o + (i64)row * o_row + 8 * dt + 2 * t) =
+            Elem::pack(acc_o[0][dt][2 * h], acc_o[0][dt][2 * h + 1]);
+    if (t == 0) lse_rows[row] = lse[0][h];
+  }
+}
+
 // Barrier discipline: a consumer arrives on EMPTY(s) once per round of s, after waiting FULL
 // of that round (a tile it skips included: K and V are released unread, each after its FULL).
 
@@ -896,15 +921,23 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
   if constexpr (Is_split) {
     // Split-KV partials (SplitOut): float32 O / l and the LSE straight from the accumulators,
     // as the float32 kernel stores its O.  Q's buffer is free once every Q K^T completed.
+    // Without partials (so.oaccum null: one split, the direct launch of _cuda/decode_sm90.py;
+    // Tr::kSplitDirectOut) O and the LSE go to p.o / p.lse as 16-bit pairs (store_rows_16).
     static_assert(!kF32, "split-KV: 16-bit kernels only");
     if constexpr (!Tr::kSeparateO) pipe::bar_arrive(sm.q_empty());
     float lse[1][2];
     softmax.finalize(acc_o, c, lse, sink_log2(p.sinks, bidh));  // no sinks here (SplitOut)
-    const i64 part_row = (i64)w.split * p.total_q + si.q_start + m0;  // of the tile's row 0
-    float* o_part = so.oaccum + (part_row * p.num_heads + bidh) * p.head_dim;
-    float* lse_part = so.lse_accum + ((i64)w.split * p.num_heads + bidh) * p.total_q + si.q_start + m0;
-    store_rows_f32<Tr>(o_part, (i64)p.num_heads * p.head_dim, lse_part, acc_o, lse, 1.f, cw, warp,
-                       lane, rows_valid, p.head_dim);
+    if (!Tr::kSplitDirectOut || so.oaccum != nullptr) {
+      const i64 part_row = (i64)w.split * p.total_q + si.q_start + m0;  // of the tile's row 0
+      float* o_part = so.oaccum + (part_row * p.num_heads + bidh) * p.head_dim;
+      float* lse_part = so.lse_accum + ((i64)w.split * p.num_heads + bidh) * p.total_q + si.q_start + m0;
+      store_rows_f32<Tr>(o_part, (i64)p.num_heads * p.head_dim, lse_part, acc_o, lse, 1.f, cw,
+                         warp, lane, rows_valid, p.head_dim);
+    } else {
+      store_rows_16<Tr, Elem>(p.o + (i64)(si.q_start + m0) * p.o_row_stride + (i64)bidh * p.o_head_stride,
+                              p.o_row_stride, p.lse + (i64)bidh * p.lse_head_stride + si.q_start + m0,
+                              acc_o, lse, cw, warp, lane, rows_valid, p.head_dim);
+    }
     return;
   }
 

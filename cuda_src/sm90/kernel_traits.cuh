@@ -124,6 +124,11 @@ struct Sm90FwdTraitsBase {
     return FA_SM90_PINGPONG && kConsumerWGs == 2 && !(paged && transform && kHeadDim == 256);
   }
 
+  // Whether the split kernels (flash_fwd.cu Is_split) can also store one split's O and LSE
+  // straight into the output (no partials, no combine: _cuda/decode_sm90.py's direct launch).
+  // Not at D = 256: the second epilogue costs the paged kernels 12 bytes of spills (ptxas).
+  static constexpr bool kSplitDirectOut = kHeadDim <= 192;
+
   static constexpr int kNTiles = kBlockN / 8;    // n8 tiles of S per row
   static constexpr int kDTiles = kHeadDim / 8;   // n8 tiles of O per row
   static constexpr int kDBlocks = kHeadDim / 64; // 128-byte column blocks per row

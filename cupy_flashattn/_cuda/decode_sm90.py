@@ -73,6 +73,16 @@ SWAP_MIN_TILES_PER_SPLIT = 4
 #: 18.0 us at 16 splits against 20.1 at 8 (stop 44, H200; cuDNN 12.9).
 SWAP_FEW_RUNS = 16
 SWAP_FEW_RUNS_MIN_TILES = 2
+#: Head-dim buckets whose split kernels can store one split's output directly (no partials,
+#: no combine): sm90/kernel_traits.cuh kSplitDirectOut (tests/test_decode_sm90_plan.py asks
+#: the compiler that the two agree).
+SWAP_DIRECT_MAX_HEAD_DIM = 192
+#: A batch that alone fills this fraction of the SMs runs one split per sequence where the
+#: direct launch applies: the combine it saves costs more than the grid it leaves idle.
+#: H100 (stop 45, MQA 32/1 D = 128 page 16): B = 64 ctx 4096, one split 56.1 us of kernel
+#: against two splits 52.7 + the combine's 7.6; B = 32 ctx 8192, one split 86.1 against
+#: 55.1 + 6.8.
+SWAP_DIRECT_MIN_FILL = 0.45
 
 
 def _enabled() -> bool:
@@ -150,9 +160,20 @@ def swapped_view(problem: AttentionProblem) -> AttentionProblem:
         seqlen_q=H, max_seqlen_q=H, window_left=-1, window_right=-1, sinks=None)
 
 
+def direct_output_applies(problem: AttentionProblem) -> bool:
+    """Whether a one-split step may store O and the LSE straight into the caller's arrays (no
+    partials, no combine kernel): no sinks (the combine adds them), a head-dim bucket whose
+    split kernels have the direct store (SWAP_DIRECT_MAX_HEAD_DIM), and an LSE whose order the
+    kernel's (B, H) rows match -- one sequence -- or that nobody reads (``lse_unread``)."""
+    p = problem
+    return (p.sinks is None and bucket_for(p.head_dim, SM90_HEAD_DIM_BUCKETS) <= SWAP_DIRECT_MAX_HEAD_DIM
+            and (int(p.batch_size) == 1 or p.lse_unread))
+
+
 def swapped_splits(problem: AttentionProblem, block_n: int, sm_count: int) -> int:
-    """Key runs per sequence: the user's ``num_splits`` when given, else enough runs for the
-    sequences to occupy every SM once (B * splits <= sm_count; the persistent grid has one
+    """Key runs per sequence: the user's ``num_splits`` when given; else one where the direct
+    output applies and the batch fills SWAP_DIRECT_MIN_FILL of the SMs; else enough runs for
+    the sequences to occupy every SM once (B * splits <= sm_count; the persistent grid has one
     CTA per SM), at most SWAP_MAX_SPLITS and at least SWAP_MIN_TILES_PER_SPLIT key tiles a
     run (SWAP_FEW_RUNS_MIN_TILES where that leaves fewer than SWAP_FEW_RUNS runs in all), and
     no run without a key tile: the count is
@@ -160,10 +181,12 @@ def swapped_splits(problem: AttentionProblem, block_n: int, sm_count: int) -> in
     last."""
     p = problem
     tiles = max(1, -(-int(p.max_seqlen_k) // block_n))
+    batch = max(1, int(p.batch_size))
     if p.num_splits and p.num_splits > 0:
         wanted = int(p.num_splits)
+    elif batch >= SWAP_DIRECT_MIN_FILL * int(sm_count) and direct_output_applies(p):
+        wanted = 1
     else:
-        batch = max(1, int(p.batch_size))
         wanted = max(1, min(SWAP_MAX_SPLITS, int(sm_count) // batch, tiles // SWAP_MIN_TILES_PER_SPLIT))
         if batch * wanted < SWAP_FEW_RUNS:  # a latency-bound launch: shorter runs, more of them
             wanted = max(wanted, min(SWAP_FEW_RUNS // batch, tiles // SWAP_FEW_RUNS_MIN_TILES))
@@ -180,6 +203,7 @@ class SwappedLaunch:
     tiles_m: int  # query tiles per sequence of the swapped view: ceil(H / block_m)
     grid: tuple  # (persistent CTAs, 1, 1): one per work item up to one per SM
     dynamic: bool  # the CTAs claim items from a counter (lengths on the device)
+    direct: bool  # one split stored straight into out / softmax_lse: no partials, no combine
 
 
 def swapped_launch(problem: AttentionProblem, sm_count: int) -> SwappedLaunch:
@@ -194,7 +218,8 @@ def swapped_launch(problem: AttentionProblem, sm_count: int) -> SwappedLaunch:
     grid = (max(1, min(items, int(sm_count))), 1, 1)
     # The prefill launches' rule (schedule.dynamic_schedule): claims from a counter where the
     # lengths are on the device and there are fewer CTAs than items.
-    return SwappedLaunch(key, splits, tiles_m, grid, grid[0] < items and not uniform_lengths(p))
+    return SwappedLaunch(key, splits, tiles_m, grid, grid[0] < items and not uniform_lengths(p),
+                         splits == 1 and direct_output_applies(p))
 
 
 def swapped_decode_plan(problem: AttentionProblem, sm_count: int) -> dict:
@@ -202,7 +227,8 @@ def swapped_decode_plan(problem: AttentionProblem, sm_count: int) -> dict:
     s = swapped_launch(problem, sm_count)
     tr = key_traits(s.key)
     return dict(kind="decode_sm90", kernel=s.key.name, arch="sm90", grid=s.grid,
-                block=(tr.num_threads,), smem=tr.smem_bytes, splits=s.splits, len_q=(1, 1))
+                block=(tr.num_threads,), smem=tr.smem_bytes, splits=s.splits, len_q=(1, 1),
+                combine=not s.direct)
 
 
 class Sm90DecodePlan:
@@ -224,11 +250,15 @@ class Sm90DecodePlan:
         s = swapped_launch(p, sm_count)
         self.key, self.splits, self.tiles_m, self.grid = s.key, s.splits, s.tiles_m, s.grid
         self.dynamic = s.dynamic  # lengths on the device: CTAs claim items from a counter
+        # One split stored straight into out / softmax_lse (direct_output_applies): no
+        # partials and no combine launch.
+        self.direct_out = s.direct
         tr = key_traits(self.key)
         B, H, D = int(p.batch_size), p.num_heads, p.head_dim
         self.oacc_shape = (self.splits, B, H, D)
         self.lacc_shape = (self.splits, B * H)
-        self.keep_partials = 4 * self.splits * B * H * (D + 1) <= SPLIT_WORKSPACE_KEEP_BYTES
+        self.keep_partials = (not self.direct_out
+                              and 4 * self.splits * B * H * (D + 1) <= SPLIT_WORKSPACE_KEEP_BYTES)
         self._init_buffers()
         ops = Operands(view, compute_dtype(self.key.dtype))
         assert ops.direct, "swapped_decode_applies admits only arrays the kernel reads in place"
@@ -237,6 +267,9 @@ class Sm90DecodePlan:
         self.launch = TmaLaunch(get_kernel(self.key), self.grid, (tr.num_threads,), tr.smem_bytes,
                                 SM90_SPLIT_ARGS, SM90_SPLIT_ARGS.new(values),
                                 fwd_geometries(values, tr.block_m, tr.block_n, p.paged))
+        self.combine_launch = None
+        if self.direct_out:
+            return
         # The combine in the caller's coordinates: pair (row b, head h) reads partial row
         # b * H + h of the swapped view (o: split, b, h, d; lse: split, b * H + h) and writes
         # out[b, h] and softmax_lse[h, b]; the call's sinks join here.
@@ -257,9 +290,13 @@ class Sm90DecodePlan:
         self._partials = PerStream(self._new_partials) if self.keep_partials else None
 
     def stream_buffers(self):
-        """(oaccum, lse_accum, tile counter or None) for a step on the current CUDA stream."""
+        """(oaccum, lse_accum, tile counter or None) for a step on the current CUDA stream
+        (no partials for the direct output)."""
+        counter = self._counter.get() if self._counter else None
+        if self.direct_out:
+            return None, None, counter
         oacc, lacc = self._partials.get() if self._partials else self._new_partials()
-        return oacc, lacc, self._counter.get() if self._counter else None
+        return oacc, lacc, counter
 
     def _new_partials(self):
         import cupy
@@ -272,5 +309,7 @@ class Sm90DecodePlan:
         pointers = problem_pointers(p)
         pointers.update(sinks=None, oaccum=oacc, lse_accum=lacc, tile_counter=counter)
         self.launch(pointers)
+        if self.combine_launch is None:  # the direct output: the kernel wrote out and the LSE
+            return
         self.combine_launch({"o_in": oacc, "lse_in": lacc, "o_out": p.out,
                              "lse_out": p.softmax_lse, "sinks": p.sinks})

@@ -109,6 +109,101 @@ def test_routing_stays_on_mma_sync_decode(monkeypatch):
     run(make_problem(rng, hk=1, **common), "decode")
 
 
+def _launch(problem) -> dict:
+    from cupy_flashattn import _cuda
+
+    (launch,) = _cuda.describe_launches(problem)
+    return launch
+
+
+@pytest.mark.parametrize("d", [64, 128, 192])
+@pytest.mark.parametrize("page", [0, 16])
+def test_direct_output_of_one_sequence(d, page):
+    """One sequence in one split (forced, and a short context): the split kernel stores O and
+    the LSE itself and no combine runs -- its (B, H) LSE order is the caller's (H, B) at B = 1."""
+    rng = np.random.default_rng(d + page)
+    for lens_k, splits in (([1025], 1), ([97], 0)):
+        p = make_problem(rng, d=d, h=32, hk=1, lens_q=[1], lens_k=lens_k, page=page,
+                         num_splits=splits)
+        assert _launch(p)["combine"] is False and _launch(p)["splits"] == 1
+        run(p)
+
+
+@pytest.mark.parametrize("page", [16, 256])
+def test_direct_output_of_a_large_batch_whose_lse_nobody_reads(page):
+    """A batch that fills SWAP_DIRECT_MIN_FILL of the SMs, LSE unread: one split a sequence
+    stored straight into out (checked against the reference; the LSE buffer is fully written,
+    in the kernel's order); the same batch with its LSE read takes the partials and the
+    combine and is checked whole (out and LSE)."""
+    from cupy_flashattn import _cuda
+    from cupy_flashattn._cuda import decode_sm90 as ds
+    from test_gpu_decode import EPS, problem_ref
+
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    B = int(np.ceil(ds.SWAP_DIRECT_MIN_FILL * sms)) + 3
+    rng = np.random.default_rng(page)
+    lens_k = [int(x) for x in rng.integers(1, 700, B)]
+    p = make_problem(rng, d=128, h=32, hk=1, lens_q=[1] * B, lens_k=lens_k, page=page)
+    p.lse_unread = True
+    assert _launch(p)["combine"] is False and _launch(p)["splits"] == 1
+    _cuda.run_attention(p)
+    out = cupy.asnumpy(p.out).astype(np.float64)
+    ref, _ = problem_ref(p)
+    naive, _ = problem_ref(p, upcast=False)
+    assert not np.isnan(out).any() and not np.isnan(cupy.asnumpy(p.softmax_lse)).any()
+    bound = 2 * np.abs(naive.astype(np.float64) - ref).max() + EPS[np.dtype(p.q.dtype)]
+    assert np.abs(out - ref).max() <= bound
+    p.lse_unread = False
+    p.out[...] = np.nan
+    p.softmax_lse[...] = np.nan
+    assert _launch(p)["combine"] is True
+    run(p)
+
+
+def test_front_end_direct_output_without_lse_and_combine_with_it(monkeypatch):
+    """flash_attn_with_kvcache on a large MQA batch: without return_softmax_lse the plan stores
+    directly (no combine), with it the plan combines; both outputs match the reference and
+    the returned LSE does too."""
+    import cupy_flashattn as fa
+    from cupy_flashattn._cuda import decode_sm90 as ds
+    from cupy_flashattn.reference import attention_ref
+
+    made = []
+    init = ds.Sm90DecodePlan.__init__
+
+    def record(self, *a, **kw):
+        init(self, *a, **kw)
+        made.append(self.direct_out)
+
+    monkeypatch.setattr(ds.Sm90DecodePlan, "__init__", record)
+    rng = np.random.default_rng(5)
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    B, H, D, P = int(np.ceil(ds.SWAP_DIRECT_MIN_FILL * sms)) + 1, 32, 128, 16
+    lens = rng.integers(1, 300, B).astype(np.int32)
+    pages = B * 19 + 5
+    k_cache, v_cache = _bf16(rng, (pages, P, 1, D)), _bf16(rng, (pages, P, 1, D))
+    table = cupy.asarray(rng.permutation(pages)[: B * 19].reshape(B, 19).astype(np.int32))
+    q = _bf16(rng, (B, 1, H, D))
+    seqlens = cupy.asarray(lens)
+    out_direct = fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
+                                            block_table=table)
+    out_comb, lse = fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
+                                               block_table=table, return_softmax_lse=True)
+    assert made == [True, False]
+    kc, vc, qh, tb = (cupy.asnumpy(a) for a in (k_cache, v_cache, q, table))
+    lse = cupy.asnumpy(lse)
+    for b in range(B):
+        pos = np.arange(int(lens[b]))
+        kb, vb = kc[tb[b, pos // P], pos % P], vc[tb[b, pos // P], pos % P]
+        ref, ref_lse = attention_ref(qh[b], kb, vb, softmax_scale=D ** -0.5, return_lse=True)
+        naive = attention_ref(qh[b], kb, vb, softmax_scale=D ** -0.5, upcast=False)
+        bound = 2 * np.abs(naive.astype(np.float64) - ref).max() + 1.6e-2
+        for out in (out_direct, out_comb):
+            got = cupy.asnumpy(out[b]).astype(np.float64)
+            assert not np.isnan(got).any() and np.abs(got - ref).max() <= bound
+        np.testing.assert_allclose(lse[b], ref_lse.reshape(lse[b].shape), rtol=1e-3, atol=2e-3)
+
+
 def _bf16(rng, shape):
     return cupy.asarray(rng.standard_normal(shape).astype(np.float32).astype(BF16))
 
