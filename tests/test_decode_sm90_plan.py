@@ -92,7 +92,8 @@ def test_split_counts(B, ctx, splits):
 
 
 @pytest.mark.parametrize("B,ctx,lse_unread,splits,direct", [
-    (64, 4096, True, 1, True),  # fills 0.45 of the SMs, LSE unread: one split, no combine
+    (64, 4096, True, 1, True),  # fills 0.35 of the SMs, LSE unread: one split, no combine
+    (48, 4096, True, 1, True),
     (64, 4096, False, 2, False),  # the LSE is read in (H, B) order: partials + combine
     (32, 8192, True, 4, False),  # below the fill: splits and the combine win (stop 45)
     (300, 4096, True, 1, True),

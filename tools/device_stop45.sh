@@ -3,7 +3,8 @@
 # priority order, each step capped by what is left of BUDGET (default 560 s):
 # MODE=first
 #   1. the whole GPU suite, 8 shards (tools/gpu_suite_parallel.sh);
-#   2. the D = 64 kernels on three consumer warpgroups (FA_SM90_WGS_64=3, 192 x 80 tiles): the
+#   2. the D = 64 kernels on three consumer warpgroups (FA_SM90_WGS_64=3, 192 x 80 tiles; the
+#      switch was removed after this run, benchmarks/NOTES.md stop 45): the
 #      prefill / sm90 GPU tests in 8 shards under the switch, then quickbench D = 64 with and
 #      without it (a define: one process per build);
 #   3. bench.py D 64 / 128 / 256 x S 2k / 4k / 8k, bf16 + fp16 (issue 12's rows);

@@ -7,7 +7,9 @@ Per row (bf16, 16k tokens, H = 2048 / D, dense), ours next to torch SDPA cuDNN:
   * times in us a call, medians of interleaved rounds: "x3" events around 3 back-to-back calls
     (bench.py's kernel-only sample), "x10" wall time of 10 back-to-back calls with one
     synchronisation (bench.py's back-to-back sample), for: the kernel-only plan replayed, the
-    public call, the public call's own problem replayed through its plan, and cuDNN.
+    public call, the public call's own problem replayed through its plan, and cuDNN;
+  * with the GPU busy (one kernel-only launch queued first): the wall time until a call
+    returns, and events around 3 calls queued behind the busy launch.
 
     PYTHONPATH=. python3 tools/prefill_gap_probe.py [--rows D,S,causal;...] [--rounds N]
 """
@@ -18,6 +20,7 @@ import argparse
 import dataclasses
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
@@ -29,6 +32,7 @@ def _summary(value):
 
 
 def main(argv=None):
+    import cupy
     import torch
     from bench import Case, _kernel_only, kernel_sample, time_interleaved
     from measure import back_to_back
@@ -72,6 +76,37 @@ def main(argv=None):
         x10 = time_interleaved(fns, rounds=args.rounds, sample=lambda fn: back_to_back(fn, 10))
         for name in fns:
             print(f"{row} | {name:22s} | x3 {x3[name] * 1e6:7.1f} | x10 {x10[name] * 1e6:7.1f}", flush=True)
+        # Does a call block the host, or only add its host time before its first kernel?  With
+        # the GPU busy (one kernel-only launch queued first): "returns" is the wall time until
+        # the call returns (its host work alone when nothing blocks), "x3 busy" events around
+        # 3 calls queued behind the busy launch (GPU time only, when nothing blocks).
+        busy = fns["kernel-only plan"]
+
+        def returns(fn, busy=busy):
+            cupy.cuda.runtime.deviceSynchronize()
+            busy()
+            t0 = time.perf_counter()
+            fn()
+            t1 = time.perf_counter()
+            cupy.cuda.runtime.deviceSynchronize()
+            return t1 - t0
+
+        def x3_busy(fn, busy=busy):
+            a, b = cupy.cuda.Event(), cupy.cuda.Event()
+            cupy.cuda.runtime.deviceSynchronize()
+            busy()
+            a.record()
+            for _ in range(3):
+                fn()
+            b.record()
+            b.synchronize()
+            return cupy.cuda.get_elapsed_time(a, b) * 1e-3 / 3
+
+        ret = time_interleaved(fns, rounds=args.rounds, sample=returns)
+        xb = time_interleaved(fns, rounds=args.rounds, sample=x3_busy)
+        for name in fns:
+            print(f"{row} | {name:22s} | returns after {ret[name] * 1e6:7.1f} | x3 busy {xb[name] * 1e6:7.1f}",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 // sm90/kernel_traits.cuh -- tile sizes of the Hopper (sm_90a) prefill kernel per head-dim bucket.
 //
 // One CTA = one producer warpgroup (loads K/V/Q into a kStages ring, few registers) and two
-// consumer warpgroups (64 query rows each, so kBlockM = 128; FA_SM90_WGS_64 = 3: three at
-// D = 64), 384 threads, one CTA per SM.
+// consumer warpgroups (64 query rows each, so kBlockM = 128), 384 threads, one CTA per SM
+// (kConsumerWGs_ sets another count: 128 x the count rows, 512 threads for three).
 // Registers: 168 per thread at entry (__launch_bounds__(384, 1)); setmaxnreg moves them to
 // kProducerRegs / kConsumerRegs with the same total (e.g. 128 x 56 + 256 x 224 = 384 x 168), so
 // the consumers' increase never waits on registers another CTA holds.
@@ -51,20 +51,10 @@
 #ifndef FA_SM90_STAGES_128
 #define FA_SM90_STAGES_128 2
 #endif
-// Consumer warpgroups of the D = 64 kernels (an A/B switch, stop 45): 3 makes the CTA 192 x 80
-// (each K / V tile serves 192 query rows instead of 128, and 12 consumer warps hide latency;
-// FlashAttention-3 runs D = 64 on three warpgroups too), 512 threads, without ping-pong (which
-// pairs two warpgroups).  Registers (ptxas, sm_90a, the 16 D = 64 kernels): at 512 threads the
-// entry allocation is 128, so producer / consumers are 40 / 152 -- 128-key tiles there
-// serialize their wgmma (C7512) or spill (68-312 bytes at 32 / 160), 80-key tiles fit with
-// none; producer 32 or 24 spills in the paged kernels.
-#ifndef FA_SM90_WGS_64
-#define FA_SM90_WGS_64 2
-#endif
 // Key-tile width per head-dim bucket (device sweeps; the values below are the shipped ones; a
 // width needs its S = Q K^T wrapper in tools/gen_wgmma.py's SHAPES).
 #ifndef FA_SM90_BLOCKN_64
-#define FA_SM90_BLOCKN_64 (FA_SM90_WGS_64 == 3 ? 80 : 128)
+#define FA_SM90_BLOCKN_64 128
 #endif
 #ifndef FA_SM90_BLOCKN_128
 #define FA_SM90_BLOCKN_128 128
@@ -191,8 +181,10 @@ struct Sm90FwdTraits<kHeadDim, false, true> : Sm90FwdTraits<kHeadDim, false, fal
 
 // First version (NOTES.md sm90-v1): the largest key tile whose 2-stage ring fits 227 KB.
 // D = 64: 128 x 128, 3 stages (16 + 96 KB).
-template <> struct Sm90FwdTraits<64>
-    : Sm90FwdTraitsBase<64, FA_SM90_BLOCKN_64, 3, FA_SM90_WGS_64 == 3 ? 40 : 56, 1, FA_SM90_WGS_64> {};
+// Three consumer warpgroups (FlashAttention-3's D = 64 CTA; kConsumerWGs_ = 3, 512 threads,
+// 40 / 152 registers, so 192 x 80 tiles without ping-pong) measured slower everywhere (stop 45,
+// H100: S = 4096 441 -> 399 TFLOP/s, causal 398 -> 331).
+template <> struct Sm90FwdTraits<64> : Sm90FwdTraitsBase<64, FA_SM90_BLOCKN_64, 3> {};
 // D = 128: 128 x 128, 2 stages (32 + 128 KB).  S 64 + O 64 fp32 registers per consumer thread.
 // 3 stages (224 KB) measured the same (579 vs 584 TFLOP/s, S = 4k): the producer keeps up.
 template <> struct Sm90FwdTraits<128> : Sm90FwdTraitsBase<128, FA_SM90_BLOCKN_128, FA_SM90_STAGES_128> {};

@@ -78,11 +78,13 @@ SWAP_FEW_RUNS_MIN_TILES = 2
 #: the compiler that the two agree).
 SWAP_DIRECT_MAX_HEAD_DIM = 192
 #: A batch that alone fills this fraction of the SMs runs one split per sequence where the
-#: direct launch applies: the combine it saves costs more than the grid it leaves idle.
-#: H100 (stop 45, MQA 32/1 D = 128 page 16): B = 64 ctx 4096, one split 56.1 us of kernel
-#: against two splits 52.7 + the combine's 7.6; B = 32 ctx 8192, one split 86.1 against
-#: 55.1 + 6.8.
-SWAP_DIRECT_MIN_FILL = 0.45
+#: direct output applies: the combine it saves costs more than the SMs it leaves idle.
+#: H100, stop 45 (MQA 32/1, D = 128, page 16; decode_sm90_parts.py, the step in us, one
+#: direct split / the rule's splits + partials + combine): B = 48 ctx 4096 48.9 / 50.4 (2
+#: splits), B = 64 ctx 4096 54.5 / 62.6 (2), B = 96 ctx 2048 41.9 / 52.9 and B = 128 ctx 2048
+#: 52.6 / 65.3 (both 1 split: the combine alone); B = 32 ctx 8192 86.1 (one split, kernel
+#: alone) / 60.4 (4).  The boundary lies between 32 and 48 of 132 SMs.
+SWAP_DIRECT_MIN_FILL = 0.35
 
 
 def _enabled() -> bool:
