@@ -584,48 +584,37 @@ __device__ __forceinline__ void issue_pv(float (&acc_o)[1][Tr::kDTiles][4],
   }
 }
 
-// Float32 O rows straight from a consumer warpgroup's accumulators, times `scale`, and their
-// LSEs (the float32 kernel's output, the split kernels' partials): each quad writes 8 x 4
-// contiguous bytes per row and n8 tile (whole 32-byte sectors).  Row r of the CTA tile goes to
-// o + r * o_row and lse[r]; rows from rows_valid on are not stored.
-template <class Tr>
-__device__ __forceinline__ void store_rows_f32(float* o, i64 o_row, float* lse_rows,
-                                               const float (&acc_o)[1][Tr::kDTiles][4],
-                                               const float (&lse)[1][2], float scale, int cw,
-                                               int warp, int lane, int rows_valid, int head_dim) {
+// O rows straight from a consumer warpgroup's accumulators, and their LSEs: row r of the CTA
+// tile goes to o + r * o_row and lse[r]; rows from rows_valid on are not stored.  Each quad
+// writes one pair of columns per n8 tile:
+//   - float32 (Out = float), times `scale` (the float32 kernel's output, the split kernels'
+//     partials): 8 x 4 contiguous bytes per row and n8 tile, whole 32-byte sectors;
+//   - 16-bit (Out = u16, Elem::pack; `scale` unused): the split kernel's direct output (one
+//     split, no partials) -- a decode step's few rows a sequence, for which staging O through
+//     shared memory for 16-byte stores (the other kernels' epilogue) would buy little and cost
+//     the D = 192 kernels spills.  Pairs need an even head dim (the swapped decode takes
+//     head_dim % 8 == 0).
+template <class Tr, class Elem, class Out>
+__device__ __forceinline__ void store_rows(Out* o, i64 o_row, float* lse_rows,
+                                           const float (&acc_o)[1][Tr::kDTiles][4],
+                                           const float (&lse)[1][2], float scale, int cw, int warp,
+                                           int lane, int rows_valid, int head_dim) {
+  constexpr bool kF32Out = sizeof(Out) == 4;
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = Tr::kWgRows * cw + 16 * warp + 8 * h + g;
     if (row >= rows_valid) continue;
 #pragma unroll
-    for (int dt = 0; dt < Tr::kDTiles; ++dt)
-      if (8 * dt + 2 * t < head_dim)
-        st_global_f32x2(o + (i64)row * o_row + 8 * dt + 2 * t, acc_o[0][dt][2 * h] * scale,
+    for (int dt = 0; dt < Tr::kDTiles; ++dt) {
+      if (8 * dt + 2 * t >= head_dim) continue;
+      Out* pair = o + (i64)row * o_row + 8 * dt + 2 * t;
+      if constexpr (kF32Out)
+        st_global_f32x2(reinterpret_cast<float*>(pair), acc_o[0][dt][2 * h] * scale,
                         acc_o[0][dt][2 * h + 1] * scale);
-    if (t == 0) lse_rows[row] = lse[0][h];
-  }
-}
-
-// The same rows as 16-bit pairs (Elem::pack): the split kernel's direct output (one split, no
-// partials), a decode step's few rows per sequence, for which staging O through shared memory
-// for 16-byte stores (the other kernels' epilogue) would buy little and cost the D = 192
-// kernels spills.  Pairs need an even head dim; the swapped decode takes head_dim % 8 == 0.
-template <class Tr, class Elem>
-__device__ __forceinline__ void store_rows_16(u16* o, i64 o_row, float* lse_rows,
-                                              const float (&acc_o)[1][Tr::kDTiles][4],
-                                              const float (&lse)[1][2], int cw, int warp, int lane,
-                                              int rows_valid, int head_dim) {
-  const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = Tr::kWgRows * cw + 16 * warp + 8 * h + g;
-    if (row >= rows_valid) continue;
-#pragma unroll
-    for (int dt = 0; dt < Tr::kDTiles; ++dt)
-      if (8 * dt + 2 * t < head_dim)
-        *reinterpret_cast<u32*>(o + (i64)row * o_row + 8 * dt + 2 * t) =
-            Elem::pack(acc_o[0][dt][2 * h], acc_o[0][dt][2 * h + 1]);
+      else
+        *reinterpret_cast<u32*>(pair) = Elem::pack(acc_o[0][dt][2 * h], acc_o[0][dt][2 * h + 1]);
+    }
     if (t == 0) lse_rows[row] = lse[0][h];
   }
 }
@@ -913,8 +902,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
     const float o_unscale = sc.kv_rscale[p.num_heads / p.h_per_kv + bidh / p.h_per_kv] / kF32PScale;
     float* o_tile = reinterpret_cast<float*>(p.o) + (i64)(si.q_start + m0) * p.o_row_stride +
                     (i64)bidh * p.o_head_stride;
-    store_rows_f32<Tr>(o_tile, p.o_row_stride, p.lse + (i64)bidh * p.lse_head_stride + si.q_start + m0,
-                       acc_o, lse, o_unscale, cw, warp, lane, rows_valid, p.head_dim);
+    store_rows<Tr, Elem>(o_tile, p.o_row_stride, p.lse + (i64)bidh * p.lse_head_stride + si.q_start + m0,
+                         acc_o, lse, o_unscale, cw, warp, lane, rows_valid, p.head_dim);
     return;
   }
 
@@ -922,7 +911,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
     // Split-KV partials (SplitOut): float32 O / l and the LSE straight from the accumulators,
     // as the float32 kernel stores its O.  Q's buffer is free once every Q K^T completed.
     // Without partials (so.oaccum null: one split, the direct launch of _cuda/decode_sm90.py;
-    // Tr::kSplitDirectOut) O and the LSE go to p.o / p.lse as 16-bit pairs (store_rows_16).
+    // Tr::kSplitDirectOut) O and the LSE go to p.o / p.lse as 16-bit pairs (store_rows).
     static_assert(!kF32, "split-KV: 16-bit kernels only");
     if constexpr (!Tr::kSeparateO) pipe::bar_arrive(sm.q_empty());
     float lse[1][2];
@@ -931,12 +920,12 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
       const i64 part_row = (i64)w.split * p.total_q + si.q_start + m0;  // of the tile's row 0
       float* o_part = so.oaccum + (part_row * p.num_heads + bidh) * p.head_dim;
       float* lse_part = so.lse_accum + ((i64)w.split * p.num_heads + bidh) * p.total_q + si.q_start + m0;
-      store_rows_f32<Tr>(o_part, (i64)p.num_heads * p.head_dim, lse_part, acc_o, lse, 1.f, cw,
-                         warp, lane, rows_valid, p.head_dim);
+      store_rows<Tr, Elem>(o_part, (i64)p.num_heads * p.head_dim, lse_part, acc_o, lse, 1.f, cw,
+                           warp, lane, rows_valid, p.head_dim);
     } else {
-      store_rows_16<Tr, Elem>(p.o + (i64)(si.q_start + m0) * p.o_row_stride + (i64)bidh * p.o_head_stride,
-                              p.o_row_stride, p.lse + (i64)bidh * p.lse_head_stride + si.q_start + m0,
-                              acc_o, lse, cw, warp, lane, rows_valid, p.head_dim);
+      store_rows<Tr, Elem>(p.o + (i64)(si.q_start + m0) * p.o_row_stride + (i64)bidh * p.o_head_stride,
+                           p.o_row_stride, p.lse + (i64)bidh * p.lse_head_stride + si.q_start + m0,
+                           acc_o, lse, 1.f, cw, warp, lane, rows_valid, p.head_dim);
     }
     return;
   }

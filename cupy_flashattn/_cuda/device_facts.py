@@ -36,6 +36,14 @@ PREFILL_FACTS = ("kHeadDim", "kBlockM", "kBlockN", "kNWarps", "kMinBlocksPerSm",
 #: Members of ``fa::DecodeTraits<D>`` then ``fa::DecodeSmem<D>`` the host reads; kBytesFp8 is
 #: ``fa::DecodeSmem<D, 1>::kBytes`` (float8 K/V), kMinBlocksFp8 its CTAs per SM.
 DECODE_FACTS = ("kStages", "kMinBlocks", "kBytes", "kVSplits", "kBytesFp8", "kMinBlocksFp8")
+#: The sm90 traits tables (name -> the traits type of bucket {d}, sm90/kernel_traits.cuh).
+SM90_TABLES = {
+    "prefill_sm90": "Sm90FwdTraits<{d}, false, false>",
+    "prefill_sm90_paged": "Sm90FwdTraits<{d}, true, false>",
+    "prefill_sm90_wide": "Sm90FwdTraits<{d}, false, true>",
+    "prefill_sm90_split": "Sm90SplitTraits<{d}, false>",
+    "prefill_sm90_split_paged": "Sm90SplitTraits<{d}, true>",
+}
 #: The 32-key kernels' (``fa::DecodeTile<D, 2, 32>``, ``fa::DecodeSmem<D, 2, 32>``), for the
 #: buckets that have one (decode.TILE32_BUCKETS).
 DECODE_TILE32_FACTS = ("kStagesTile32", "kMinBlocksTile32", "kBytesTile32")
@@ -80,7 +88,8 @@ def _disk_cache() -> Path:
 
     # The switches, and the facts asked for: a host that asks for a new fact (DECODE_FACTS grew)
     # must not read an older table written for the same kernel sources.
-    asked = " ".join(_tuning_defines()) + "|" + " ".join(PREFILL_FACTS + DECODE_FACTS + DECODE_TILE32_FACTS)
+    asked = (" ".join(_tuning_defines()) + "|" + " ".join(PREFILL_FACTS + DECODE_FACTS + DECODE_TILE32_FACTS)
+             + "|" + " ".join(SM90_TABLES))
     tuning = hashlib.sha256(asked.encode()).hexdigest()[:8]
     return Path(root) / f"cupy_flashattn_device_facts_{source_hash()}_{tuning}.json"
 
@@ -131,9 +140,8 @@ def _facts_for(tuning: tuple) -> dict:
     from .compile import SM90_HEAD_DIM_BUCKETS
 
     sm90 = {}
-    for table, flags in (("prefill_sm90", "false, false"), ("prefill_sm90_paged", "true, false"),
-                         ("prefill_sm90_wide", "false, true")):
-        exprs = [f"fa::Sm90FwdTraits<{d}, {flags}>::{f}" for d in SM90_HEAD_DIM_BUCKETS
+    for table, cxx in SM90_TABLES.items():
+        exprs = [f"fa::{cxx.format(d=d)}::{f}" for d in SM90_HEAD_DIM_BUCKETS
                  for f in PREFILL_FACTS]
         vals = _evaluate(build_source("sm90/kernel_traits.cuh"), exprs)
         sm90[table] = {d: dict(zip(PREFILL_FACTS, vals[i * n:(i + 1) * n]))
@@ -168,9 +176,11 @@ def prefill_facts(arch: str = "sm80") -> dict:
     """head-dim bucket -> {PREFILL_FACTS name: value} of ``fa::FwdTraits<bucket>`` (sm80),
     ``fa::Sm90FwdTraits<bucket, false, false>`` (sm90), ``<bucket, true, false>`` ("sm90p": the
     paged kernels), ``<bucket, false, true>`` ("sm90w": the wide kernels),
+    ``fa::Sm90SplitTraits<bucket, false|true>`` ("sm90s" / "sm90sp": the split-KV kernels),
     ``fa::Sm90F32Traits<bucket>`` ("sm90f32": the Hopper float32 kernel) or
     ``fa::PreciseFwdTraits<float|double, bucket>`` ("f32" / "f64")."""
     table = {"sm90": "prefill_sm90", "sm90p": "prefill_sm90_paged", "sm90w": "prefill_sm90_wide",
+             "sm90s": "prefill_sm90_split", "sm90sp": "prefill_sm90_split_paged",
              "sm90f32": "prefill_sm90_f32",
              "f32": "prefill_f32", "f64": "prefill_f64"}
     return _all_facts()[table.get(arch, "prefill")]
