@@ -18,6 +18,9 @@
 #   the sanitizers on the decode cases, decode_sm90_parts.py with the LSE unread (direct where
 #   the batch fills the SMs) and read (partials + combine), bench_decode.py's MQA rows, then
 #   tools/prefill_gap_probe.py (issue 12's back-to-back gap).
+# MODE=splitwg: FA_SM90_SPLIT_WGS=1 (the split kernels on one consumer warpgroup with more K / V
+#   stages): the swapped decode's GPU tests and the decode sanitizer cases under the switch,
+#   then decode_sm90_parts.py without and with it, alternating, twice.
 set -u
 MODE=${MODE:-first}
 OUT=${OUT:-/tmp/fa_s45}; mkdir -p "$OUT"
@@ -75,6 +78,29 @@ elif [ "$MODE" = direct ]; then
   stamp "prefill_gap_probe.py"
   timeout "$(left 90)" python3 tools/prefill_gap_probe.py > "$L/gap.txt" 2>&1
   cat "$L/gap.txt"
+elif [ "$MODE" = splitwg ]; then
+  S1="CUPY_FLASHATTN_SM90_DEFINES=FA_SM90_SPLIT_WGS=1 CUPY_CACHE_DIR=/tmp/fa_cache_swg1"
+  stamp "FA_SM90_SPLIT_WGS=1: swapped decode tests (8 shards)"
+  env $S1 OUT="$L/tests" N=8 SERIAL= PYTEST_TIMEOUT=$(left 150) \
+    TESTS="tests/gpu/test_decode_sm90.py tests/gpu/test_gpu_frontend.py" \
+    bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 12
+  stamp "FA_SM90_SPLIT_WGS=1: sanitizers (decode cases)"
+  env $S1 OUT="$L/san" LOG_DIR="$L/san_logs" CASES_K=decode TOOL_TIMEOUT=$(left 60) \
+    timeout "$(left 90)" bash tools/sanitize.sh 2>&1 | tail -n 6
+  ROWS=1:4096,1:32768,4:8192,16:16384,64:4096,128:2048
+  for r in 1 2; do
+    for v in 2 1; do
+      stamp "parts, FA_SM90_SPLIT_WGS=$v (round $r)"
+      CUPY_FLASHATTN_SM90_DEFINES=FA_SM90_SPLIT_WGS=$v CUPY_CACHE_DIR=/tmp/fa_cache_swg$v \
+        timeout "$(left 40)" python3 tools/decode_sm90_parts.py --rows $ROWS > "$L/parts_wgs${v}_r$r.txt" 2>&1
+      cat "$L/parts_wgs${v}_r$r.txt"
+    done
+  done
+  stamp "parts --lse-read, B = 64 (two splits + combine), both builds"
+  for v in 2 1; do
+    CUPY_FLASHATTN_SM90_DEFINES=FA_SM90_SPLIT_WGS=$v CUPY_CACHE_DIR=/tmp/fa_cache_swg$v \
+      timeout "$(left 30)" python3 tools/decode_sm90_parts.py --lse-read --rows 64:4096,16:16384 2>&1 | grep -v "^empty"
+  done
 else
   stamp "verify: extra + sm80-forced"
   OUT="$L/verify" STEPS=eb SM80_TIMEOUT=$(left 200) bash tools/device_verify_sm90.sh 2>&1 | tail -n 14
