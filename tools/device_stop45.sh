@@ -19,8 +19,9 @@
 #   the batch fills the SMs) and read (partials + combine), bench_decode.py's MQA rows, then
 #   tools/prefill_gap_probe.py (issue 12's back-to-back gap).
 # MODE=splitwg: FA_SM90_SPLIT_WGS=1 (the split kernels on one consumer warpgroup with more K / V
-#   stages): the swapped decode's GPU tests and the decode sanitizer cases under the switch,
-#   then decode_sm90_parts.py without and with it, alternating, twice.
+#   stages; the switch was removed after this run, benchmarks/NOTES.md stop 45): the swapped
+#   decode's GPU tests and the decode sanitizer cases under the switch, then
+#   decode_sm90_parts.py without and with it, alternating, twice.
 set -u
 MODE=${MODE:-first}
 OUT=${OUT:-/tmp/fa_s45}; mkdir -p "$OUT"

@@ -89,7 +89,10 @@ struct Sm90FwdTraitsBase {
   // Registers per thread at entry: the 64K register file over the CTA's threads, a multiple of
   // 8 (384 threads: 168; 512: 128).  The consumers get the rest of it, a multiple of 8.
   static constexpr int kEntryRegs = 65536 / kNThreads / 8 * 8;
-  // (At most 240: one consumer warpgroup would take more than it can use.)
+  // At most 240: one consumer warpgroup (kConsumerWGs_ = 1, 256 threads) could take more than
+  // it can use.  (Stop 45 ran the split kernels so -- 64-row CTAs, the freed shared memory as
+  // 3-6 K / V stages, spill-free at 56 / 240 -- and the swapped MQA decode measured the same:
+  // H100, B = 64 ctx 4096 54.0-54.4 us against 54.4-55.8, B = 16 ctx 16384 54-56 against 53.)
   static constexpr int kConsumerRegsAll =
       (kEntryRegs * kNThreads - 128 * kProducerRegs) / (128 * kConsumerWGs) / 8 * 8;
   static constexpr int kConsumerRegs = kConsumerRegsAll < 240 ? kConsumerRegsAll : 240;
@@ -205,27 +208,6 @@ template <> struct Sm90FwdTraits<192> : Sm90FwdTraitsBase<192, 64, 2> {};
 // choice too.  Paged takes the same 80 keys (5 boxes of 16 rows per column block at P >= 16;
 // with 64 keys, paged ran 0.87-0.91x of dense at 80: NOTES.md, stop 35).
 template <> struct Sm90FwdTraits<256> : Sm90FwdTraitsBase<256, FA_SM90_BLOCKN_256, 2> {};
-
-// The split-KV kernels' CTA (flash_fwd.cu Is_split: the swapped MQA decode, H query heads of a
-// token as H rows).  FA_SM90_SPLIT_WGS (an A/B switch, stop 45): 2 (the default) takes the
-// prefill kernels' traits -- two consumer warpgroups of which a decode step of H <= 64 rows
-// fills one, the other skipping every tile; 1 makes the CTA one consumer warpgroup (64 rows,
-// 256 threads) and spends the freed Q / O shared memory on more K / V stages in flight: a
-// B = 64 MQA step at one split a sequence streams ~37 GB/s a CTA from 2 stages (Nsight Compute:
-// 74% of DRAM peak, a warp eligible in 18% of cycles).
-#ifndef FA_SM90_SPLIT_WGS
-#define FA_SM90_SPLIT_WGS 2
-#endif
-template <int kHeadDim, bool Is_paged>
-struct Sm90SplitTraits : Sm90FwdTraits<kHeadDim, Is_paged, false> {};
-#if FA_SM90_SPLIT_WGS == 1
-// Shared memory (227 KB at most): D = 64 8 + 6 x 32 KB; D = 128 16 + 3 x 64 (+ O 16: 226.8 KB);
-// D = 192 24 + 4 x 48 (O in Q's buffer); D = 256 32 + 2 x 80 (as the prefill's).
-template <bool P> struct Sm90SplitTraits<64, P> : Sm90FwdTraitsBase<64, 128, 6, 56, 1, 1> {};
-template <bool P> struct Sm90SplitTraits<128, P> : Sm90FwdTraitsBase<128, 128, 3, 56, 1, 1> {};
-template <bool P> struct Sm90SplitTraits<192, P> : Sm90FwdTraitsBase<192, 64, 4, 56, 1, 1> {};
-template <bool P> struct Sm90SplitTraits<256, P> : Sm90FwdTraitsBase<256, 80, 2, 56, 1, 1> {};
-#endif
 
 // The float32 kernel (float32 inputs at float32 accuracy; flash_fwd.cu "Float32 as two float16
 // planes"): three float16 products per matrix product, so twice a 16-bit tile's shared memory

@@ -297,24 +297,20 @@ def _trait_table_for(arch: str, tuning: tuple) -> dict:
 
 
 def traits(head_dim_bucket: int, arch: str = "sm80", dtype: str = "bf16", paged: bool = False,
-           wide: bool = False, split: bool = False) -> Traits:
-    """The tile numbers of one kernel family's bucket (sm90: the paged, the wide and the split-KV
-    kernels have their own, sm90/kernel_traits.cuh); :func:`key_traits` for a
-    :class:`KernelKey`."""
+           wide: bool = False) -> Traits:
+    """The tile numbers of one kernel family's bucket (sm90: the paged and the wide kernels have
+    their own, sm90/kernel_traits.cuh); :func:`key_traits` for a :class:`KernelKey`."""
     if dtype in PRECISE_DTYPES:
         table = "sm90f32" if arch == "sm90" else "f64" if dtype == "f64" else "f32"
         return _trait_table(table)[head_dim_bucket]
     if arch == "sm90":  # tuning overrides are an sm80 (FwdTraitsBase) facility
-        if split:
-            return _trait_table("sm90sp" if paged else "sm90s")[head_dim_bucket]
         return _trait_table("sm90p" if paged else "sm90w" if wide else "sm90")[head_dim_bucket]
     return _OVERRIDES.get(head_dim_bucket) or _trait_table()[head_dim_bucket]
 
 
 def key_traits(key: "KernelKey") -> Traits:
     """The tile numbers of the kernel ``key`` names."""
-    return traits(key.head_dim, key.arch, key.dtype, paged=key.paged, wide=key.wide,
-                  split=key.split)
+    return traits(key.head_dim, key.arch, key.dtype, paged=key.paged, wide=key.wide)
 
 
 _OVERRIDES.update(_env_overrides(os.environ.get("CUPY_FLASHATTN_TRAITS", "")))
@@ -424,8 +420,7 @@ def _wrapper_sm90(key: KernelKey) -> str:
         return _wrapper_sm90_f32(key, t)
     elem = "fa::Bf16" if key.dtype == "bf16" else "fa::F16"
     b = lambda x: "true" if x else "false"  # noqa: E731
-    tr_cxx = (f"fa::Sm90SplitTraits<{key.head_dim}, {b(key.paged)}>" if key.split
-              else f"fa::Sm90FwdTraits<{key.head_dim}, {b(key.paged)}, {b(key.wide)}>")
+    tr_cxx = f"fa::Sm90FwdTraits<{key.head_dim}, {b(key.paged)}, {b(key.wide)}>"
     flags = f"{b(key.transform)}, {b(key.paged)}"
     if key.split:
         struct = SM90_SPLIT_ARGS.struct_name

@@ -41,8 +41,6 @@ SM90_TABLES = {
     "prefill_sm90": "Sm90FwdTraits<{d}, false, false>",
     "prefill_sm90_paged": "Sm90FwdTraits<{d}, true, false>",
     "prefill_sm90_wide": "Sm90FwdTraits<{d}, false, true>",
-    "prefill_sm90_split": "Sm90SplitTraits<{d}, false>",
-    "prefill_sm90_split_paged": "Sm90SplitTraits<{d}, true>",
 }
 #: The 32-key kernels' (``fa::DecodeTile<D, 2, 32>``, ``fa::DecodeSmem<D, 2, 32>``), for the
 #: buckets that have one (decode.TILE32_BUCKETS).
@@ -176,11 +174,9 @@ def prefill_facts(arch: str = "sm80") -> dict:
     """head-dim bucket -> {PREFILL_FACTS name: value} of ``fa::FwdTraits<bucket>`` (sm80),
     ``fa::Sm90FwdTraits<bucket, false, false>`` (sm90), ``<bucket, true, false>`` ("sm90p": the
     paged kernels), ``<bucket, false, true>`` ("sm90w": the wide kernels),
-    ``fa::Sm90SplitTraits<bucket, false|true>`` ("sm90s" / "sm90sp": the split-KV kernels),
     ``fa::Sm90F32Traits<bucket>`` ("sm90f32": the Hopper float32 kernel) or
     ``fa::PreciseFwdTraits<float|double, bucket>`` ("f32" / "f64")."""
     table = {"sm90": "prefill_sm90", "sm90p": "prefill_sm90_paged", "sm90w": "prefill_sm90_wide",
-             "sm90s": "prefill_sm90_split", "sm90sp": "prefill_sm90_split_paged",
              "sm90f32": "prefill_sm90_f32",
              "f32": "prefill_f32", "f64": "prefill_f64"}
     return _all_facts()[table.get(arch, "prefill")]
