@@ -11,6 +11,7 @@ require_nvrtc()  # traits come from the compiler (device_facts.py)
 
 from cupy_flashattn._cuda import compile as cc  # noqa: E402
 from cupy_flashattn._cuda import describe_launches, route  # noqa: E402
+from cupy_flashattn._cuda import decode  # noqa: E402
 from cupy_flashattn._cuda import decode_sm90 as ds  # noqa: E402
 from cupy_flashattn.problem import AttentionProblem  # noqa: E402
 
@@ -165,7 +166,9 @@ def test_partials_and_counter_are_kept_per_stream(monkeypatch, keep, dynamic):
     monkeypatch.setitem(__import__("sys").modules, "cupy", _FakeCupy)
     plan = object.__new__(ds.Sm90DecodePlan)
     plan.oacc_shape, plan.lacc_shape = (2, 3, 32, 8), (2, 96)
-    plan.keep_partials, plan.dynamic, plan.direct_out = keep, dynamic, False
+    if not keep:  # partials above the size the plans keep
+        monkeypatch.setattr(decode, "SPLIT_WORKSPACE_KEEP_BYTES", 0)
+    plan.dynamic, plan.direct_out = dynamic, False
     plan._init_buffers()
     a, b = plan.stream_buffers(), plan.stream_buffers()
     assert a[0].shape == plan.oacc_shape and a[1].shape == plan.lacc_shape

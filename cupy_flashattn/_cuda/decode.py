@@ -515,10 +515,7 @@ class DecodePlan:
         self.lacc_fill = p.cu_seqlens_q is not None
         ops = Operands(p, self.compute_dtype)
         self.direct = ops.direct
-        ws_bytes = 4 * (int(np.prod(self.oacc_shape)) + int(np.prod(self.lacc_shape)))
-        self.keep_workspace = ws_bytes <= SPLIT_WORKSPACE_KEEP_BYTES
-        # Small split partials are kept per CUDA stream (per_stream.py), larger ones made per call.
-        self._workspace = PerStream(self._new_workspace) if self.keep_workspace else None
+        self._partials = SplitPartials(self.oacc_shape, self.lacc_shape)
         self.launch = self.combine_launch = None
         self.fused = fused_combine_applies(p, self.splits, self.key.v_splits, self.len_q_max,
                                            self.direct)
@@ -534,13 +531,6 @@ class DecodePlan:
                     _combine_kernel(), (-(-pairs // COMBINE_PAIRS_PER_CTA),), (COMBINE_THREADS,),
                     0, COMBINE_ARGS,
                     COMBINE_ARGS.new(self._combine_values(ops.o, ops.lse, sinks=p.sinks)))
-
-    def _new_workspace(self):
-        """Split partials (oaccum, lse_accum) of this plan's shapes."""
-        import cupy
-
-        return (cupy.empty(self.oacc_shape, dtype=np.float32),
-                cupy.empty(self.lacc_shape, dtype=np.float32))
 
     def _values(self, ops, oacc=None, lacc=None) -> dict:
         return {**ops.fwd_values(len_q_max=self.len_q_max), "oaccum": oacc, "lse_accum": lacc,
@@ -577,7 +567,7 @@ class DecodePlan:
             return
         oacc = lacc = None
         if self.splits > 1:
-            oacc, lacc = self._workspace.get() if self._workspace else self._new_workspace()
+            oacc, lacc = self._partials.get()
             if self.lacc_fill:
                 lacc.fill(-np.inf)
         if self.direct:
@@ -626,6 +616,28 @@ def combine_values(o_in, lse_in, o_out, lse_out, *, splits, rows, heads, head_di
 #: Split partials up to this size are kept per stream by a decode plan (bytes); larger ones
 #: belong to long-context or large-batch calls whose kernels dwarf an allocation.
 SPLIT_WORKSPACE_KEEP_BYTES = 16 << 20
+
+
+class SplitPartials:
+    """A split-KV plan's float32 partials (oaccum, lse_accum) for a call on the current CUDA
+    stream (the mma.sync decode plan's and the swapped sm90 decode plan's): made once per
+    stream and reused by every call of the plan when they are at most
+    SPLIT_WORKSPACE_KEEP_BYTES (two cupy.empty calls were ~9 us of a ~60 us decode call on the
+    H200 machine; per_stream.py says why reuse is safe), made per call when larger."""
+
+    def __init__(self, oacc_shape: tuple, lacc_shape: tuple):
+        self.oacc_shape, self.lacc_shape = tuple(oacc_shape), tuple(lacc_shape)
+        nbytes = 4 * (int(np.prod(self.oacc_shape)) + int(np.prod(self.lacc_shape)))
+        self._kept = PerStream(self._new) if nbytes <= SPLIT_WORKSPACE_KEEP_BYTES else None
+
+    def _new(self):
+        import cupy
+
+        return (cupy.empty(self.oacc_shape, dtype=np.float32),
+                cupy.empty(self.lacc_shape, dtype=np.float32))
+
+    def get(self) -> tuple:
+        return self._kept.get() if self._kept is not None else self._new()
 
 #: The combine kernel's geometry: one warp per (row, head) pair, 4 pairs per 128-thread CTA.
 COMBINE_THREADS, COMBINE_PAIRS_PER_CTA = 128, 4

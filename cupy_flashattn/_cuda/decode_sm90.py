@@ -27,15 +27,13 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import numpy as np
 
 from ..problem import AttentionProblem
 from .args import Operands, aligned, compute_dtype, problem_pointers
 from .compile import (SM90_HEAD_DIM_BUCKETS, SM90_SPLIT_ARGS, SM90_SPLIT_UNSHIPPED, KernelKey,
                       bucket_for, get_kernel, is_precise, kernel_dtype_tag, key_traits)
 from .decode import (COMBINE_ARGS, COMBINE_PAIRS_PER_CTA, COMBINE_THREADS,
-                     SPLIT_WORKSPACE_KEEP_BYTES, _combine_kernel, _elem_code, _es, _sm_count,
-                     combine_values)
+                     SplitPartials, _combine_kernel, _elem_code, _es, _sm_count, combine_values)
 from .launch import needs_transform, prefill_arch
 from .launcher import Launch, TmaLaunch
 from .per_stream import PerStream
@@ -259,8 +257,6 @@ class Sm90DecodePlan:
         B, H, D = int(p.batch_size), p.num_heads, p.head_dim
         self.oacc_shape = (self.splits, B, H, D)
         self.lacc_shape = (self.splits, B * H)
-        self.keep_partials = (not self.direct_out
-                              and 4 * self.splits * B * H * (D + 1) <= SPLIT_WORKSPACE_KEEP_BYTES)
         self._init_buffers()
         ops = Operands(view, compute_dtype(self.key.dtype))
         assert ops.direct, "swapped_decode_applies admits only arrays the kernel reads in place"
@@ -286,25 +282,18 @@ class Sm90DecodePlan:
 
     def _init_buffers(self):
         """Kept per CUDA stream (per_stream.py): the dynamic schedule's counter (the kernel
-        leaves it at 0) and partials up to SPLIT_WORKSPACE_KEEP_BYTES (larger ones are made per
-        call)."""
+        leaves it at 0) and the split partials (decode.SplitPartials; none for the direct
+        output)."""
         self._counter = PerStream(new_tile_counter) if self.dynamic else None
-        self._partials = PerStream(self._new_partials) if self.keep_partials else None
+        self._partials = None if self.direct_out else SplitPartials(self.oacc_shape, self.lacc_shape)
 
     def stream_buffers(self):
         """(oaccum, lse_accum, tile counter or None) for a step on the current CUDA stream
         (no partials for the direct output)."""
         counter = self._counter.get() if self._counter else None
-        if self.direct_out:
+        if self._partials is None:
             return None, None, counter
-        oacc, lacc = self._partials.get() if self._partials else self._new_partials()
-        return oacc, lacc, counter
-
-    def _new_partials(self):
-        import cupy
-
-        return (cupy.empty(self.oacc_shape, dtype=np.float32),
-                cupy.empty(self.lacc_shape, dtype=np.float32))
+        return (*self._partials.get(), counter)
 
     def run(self, p: AttentionProblem) -> None:
         oacc, lacc, counter = self.stream_buffers()
