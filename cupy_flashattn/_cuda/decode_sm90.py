@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import os
 
-
 from ..problem import AttentionProblem
 from .args import Operands, aligned, compute_dtype, problem_pointers
 from .compile import (SM90_HEAD_DIM_BUCKETS, SM90_SPLIT_ARGS, SM90_SPLIT_UNSHIPPED, KernelKey,
