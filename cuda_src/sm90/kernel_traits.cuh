@@ -1,8 +1,7 @@
 // sm90/kernel_traits.cuh -- tile sizes of the Hopper (sm_90a) prefill kernel per head-dim bucket.
 //
 // One CTA = one producer warpgroup (loads K/V/Q into a kStages ring, few registers) and two
-// consumer warpgroups (64 query rows each, so kBlockM = 128), 384 threads, one CTA per SM
-// (kConsumerWGs_ sets another count: 128 x the count rows, 512 threads for three).
+// consumer warpgroups (64 query rows each, so kBlockM = 128), 384 threads, one CTA per SM.
 // Registers: 168 per thread at entry (__launch_bounds__(384, 1)); setmaxnreg moves them to
 // kProducerRegs / kConsumerRegs with the same total (e.g. 128 x 56 + 256 x 224 = 384 x 168), so
 // the consumers' increase never waits on registers another CTA holds.
@@ -70,13 +69,15 @@ namespace fa {
 
 // kPlanes_ = 2: the float32 kernel (flash_fwd.cu, "Float32 as two float16 planes"): Q, K and V
 // each come as a high and a low float16 plane, both in shared memory.
-template <int kHeadDim_, int kBlockN_, int kStages_, int kProducerRegs_ = 56, int kPlanes_ = 1,
-          int kConsumerWGs_ = 2>
+template <int kHeadDim_, int kBlockN_, int kStages_, int kProducerRegs_ = 56, int kPlanes_ = 1>
 struct Sm90FwdTraitsBase {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
-  static constexpr int kConsumerWGs = kConsumerWGs_;
+  // Two: three (FlashAttention-3's D = 64 CTA, 192 x 80 tiles without ping-pong at 40 / 152
+  // registers) and one (the split kernels: a 64-row CTA with 3-6 K / V stages) were measured
+  // in stop 45 and did not pay (benchmarks/NOTES.md).
+  static constexpr int kConsumerWGs = 2;
   static constexpr int kWgRows = 64;  // wgmma M
   static constexpr int kBlockM = kConsumerWGs * kWgRows;
   static constexpr int kNThreads = 128 * (1 + kConsumerWGs);
@@ -87,15 +88,10 @@ struct Sm90FwdTraitsBase {
   static constexpr int kProducerRegs = kProducerRegs_;
   static constexpr int kPlanes = kPlanes_;
   // Registers per thread at entry: the 64K register file over the CTA's threads, a multiple of
-  // 8 (384 threads: 168; 512: 128).  The consumers get the rest of it, a multiple of 8.
+  // 8 (384 threads: 168).  The consumers get the rest of it, a multiple of 8.
   static constexpr int kEntryRegs = 65536 / kNThreads / 8 * 8;
-  // At most 240: one consumer warpgroup (kConsumerWGs_ = 1, 256 threads) could take more than
-  // it can use.  (Stop 45 ran the split kernels so -- 64-row CTAs, the freed shared memory as
-  // 3-6 K / V stages, spill-free at 56 / 240 -- and the swapped MQA decode measured the same:
-  // H100, B = 64 ctx 4096 54.0-54.4 us against 54.4-55.8, B = 16 ctx 16384 54-56 against 53.)
-  static constexpr int kConsumerRegsAll =
+  static constexpr int kConsumerRegs =
       (kEntryRegs * kNThreads - 128 * kProducerRegs) / (128 * kConsumerWGs) / 8 * 8;
-  static constexpr int kConsumerRegs = kConsumerRegsAll < 240 ? kConsumerRegsAll : 240;
   static_assert(kConsumerRegs <= 256 && kProducerRegs >= 24, "setmaxnreg's range");
   // Named barriers (id 0 is __syncthreads): 1 and 2 the ping-pong turns of consumer warpgroups
   // 0 and 1, kEpilogueBar + cw the epilogue of consumer warpgroup cw, kProducerBar the
@@ -116,7 +112,7 @@ struct Sm90FwdTraitsBase {
   // (D = 128: 584 TFLOP/s with, 491 without).  The D = 256 softcap/ALiBi paged kernel spills
   // 8 bytes with it (at 56 / 224 registers; at 40 / 232 the producer spills), so not there.
   __host__ __device__ static constexpr bool pingpong(bool paged, bool transform) {
-    return FA_SM90_PINGPONG && kConsumerWGs == 2 && !(paged && transform && kHeadDim == 256);
+    return FA_SM90_PINGPONG && !(paged && transform && kHeadDim == 256);
   }
 
   // Whether the split kernels (flash_fwd.cu Is_split) can also store one split's O and LSE
@@ -186,9 +182,8 @@ struct Sm90FwdTraits<kHeadDim, false, true> : Sm90FwdTraits<kHeadDim, false, fal
 
 // First version (NOTES.md sm90-v1): the largest key tile whose 2-stage ring fits 227 KB.
 // D = 64: 128 x 128, 3 stages (16 + 96 KB).
-// Three consumer warpgroups (FlashAttention-3's D = 64 CTA; kConsumerWGs_ = 3, 512 threads,
-// 40 / 152 registers, so 192 x 80 tiles without ping-pong) measured slower everywhere (stop 45,
-// H100: S = 4096 441 -> 399 TFLOP/s, causal 398 -> 331).
+// Three consumer warpgroups (192 x 80) measured slower everywhere (stop 45, H100: S = 4096
+// 441 -> 399 TFLOP/s, causal 398 -> 331).
 template <> struct Sm90FwdTraits<64> : Sm90FwdTraitsBase<64, FA_SM90_BLOCKN_64, 3> {};
 // D = 128: 128 x 128, 2 stages (32 + 128 KB).  S 64 + O 64 fp32 registers per consumer thread.
 // 3 stages (224 KB) measured the same (579 vs 584 TFLOP/s, S = 4k): the producer keeps up.

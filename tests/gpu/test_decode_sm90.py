@@ -25,11 +25,16 @@ def hopper():
         pytest.skip("the swapped decode path runs on compute capability 9.0 only")
 
 
-def _kind(problem) -> str:
+def _launch(problem) -> dict:
+    """describe_launches' one entry for the problem."""
     from cupy_flashattn import _cuda
 
     (launch,) = _cuda.describe_launches(problem)
-    return launch["kind"]
+    return launch
+
+
+def _kind(problem) -> str:
+    return _launch(problem)["kind"]
 
 
 def run(problem, kind="decode_sm90"):
@@ -107,13 +112,6 @@ def test_routing_stays_on_mma_sync_decode(monkeypatch):
     run(make_problem(rng, **{**common, "d": 59}, hk=1), "decode")
     monkeypatch.setenv("CUPY_FLASHATTN_DECODE_SM90", "0")
     run(make_problem(rng, hk=1, **common), "decode")
-
-
-def _launch(problem) -> dict:
-    from cupy_flashattn import _cuda
-
-    (launch,) = _cuda.describe_launches(problem)
-    return launch
 
 
 @pytest.mark.parametrize("d", [64, 128, 192])
