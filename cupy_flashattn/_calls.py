@@ -38,10 +38,16 @@ MAX_GPU_ROWS = 2**31 - 1
 LSE_SCRATCH_MAX_BYTES = 1 << 20
 
 
-def _stream_key() -> int:
-    import cupy
+_CURRENT_STREAM = None  # cupy.cuda.get_current_stream, bound on the first GPU call
 
-    return cupy.cuda.get_current_stream().ptr
+
+def _stream_key() -> int:
+    global _CURRENT_STREAM
+    if _CURRENT_STREAM is None:
+        import cupy
+
+        _CURRENT_STREAM = cupy.cuda.get_current_stream
+    return _CURRENT_STREAM().ptr
 
 
 _CUDA_BACKEND = None  # the _cuda package, imported on the first GPU call
@@ -111,6 +117,10 @@ class _Call:
         # fixed from the views when it was made (same signature, same strides).
         self.pointers_only = False
         self._lse_scratch: dict = {}  # stream -> LSE buffer nobody reads (see _lse_buffer)
+        self._lse_dtype = None  # lse_dtype of q's dtype (fixed by the signature), on first use
+        # The AttentionProblem fields that are the same in every execution (the dataclass
+        # defaults overridden by ``fields``): an execution adds its arrays (see _problem).
+        self._problem_fields = None
 
     def _lse_buffer(self, rows: int, keep: bool, q_dtype):
         """Where the kernels write the LSE (:func:`lse_dtype` of q's dtype): a fresh array when
@@ -118,7 +128,9 @@ class _Call:
         and dtype reused by every call (the kernels write it and nothing reads it, so calls on
         one stream may share it)."""
         xp = self.xp
-        dtype = lse_dtype(q_dtype)
+        dtype = self._lse_dtype
+        if dtype is None:
+            dtype = self._lse_dtype = lse_dtype(q_dtype)
         if keep or xp is np or self.H * rows * dtype.itemsize > LSE_SCRATCH_MAX_BYTES:
             return xp.empty((self.H, rows), dtype=dtype)
         key = (_stream_key(), dtype)
@@ -178,11 +190,23 @@ class _Call:
             sinks = arrays.get("sinks")
             arrays["softmax_lse"][...] = np.inf if sinks is None else sinks[:, None]
             return
-        problem = AttentionProblem(**arrays, **self.fields)
+        problem = self._problem(arrays)
         first = self.plan is None
         self.plan = _backend_run(self.xp, problem, self.plan)
         if first and self.plan is not None:
             self.pointers_only = all(getattr(launch, "direct", False) for launch in self.plan)
+
+
+    def _problem(self, arrays: dict) -> AttentionProblem:
+        """The AttentionProblem of this execution: ``AttentionProblem(**arrays, **self.fields)``,
+        built from the field values kept since the first execution (problem.from_fields: a
+        dataclass __init__ of ~35 keyword arguments was a tenth of a cached call's host time)."""
+        if self._problem_fields is None:
+            first = AttentionProblem(**arrays, **self.fields).__dict__
+            # Without the arrays: every execution passes the same array names, and keeping
+            # this one's would keep its output alive as long as the call is cached.
+            self._problem_fields = {k: v for k, v in first.items() if k not in arrays}
+        return AttentionProblem.from_fields(self._problem_fields, arrays)
 
 
 class DenseCall(_Call):

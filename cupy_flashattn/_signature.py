@@ -25,8 +25,9 @@ __all__ = ["signature", "CallCache", "CALLS"]
 
 _CUPY_NDARRAY = None
 _GET_DEVICE = None  # cupy.cuda.runtime.getDevice
-_SCALARS = (int, float, bool, str, type(None), np.int32, np.int64, np.float32, np.float64,
-            np.bool_)
+_SCALARS = frozenset((int, float, bool, str, type(None), np.int32, np.int64, np.float32,
+                      np.float64, np.bool_))
+_SCALARS_OR_TUPLE = _SCALARS | {tuple}
 
 
 def _ndarray_type():
@@ -60,19 +61,10 @@ def signature(arrays, scalars):
             sig.append((a.shape, a.strides, a.dtype, mem.device_id, mem.ptr & 15 == 0))
         else:
             return None
-    for s in scalars:
-        # Typed, so that True and 1 (equal in Python) stay distinct: validation treats them
-        # differently (a bool window is an error).
-        if type(s) is tuple:
-            if not all(type(x) in _SCALARS for x in s):
-                return None
-            sig.append(tuple((type(x), x) for x in s))
-        elif type(s) in _SCALARS:
-            sig.append((type(s), s))
-        elif type(s) is nd:  # a device value read per call (float8 scales): its layout only
-            sig.append((nd, s.shape, s.strides, s.dtype, s.data.device_id))
-        else:
-            return None
+    scalar_key = _scalar_key(scalars, nd)
+    if scalar_key is None:
+        return None
+    sig.append(scalar_key)
     # The current device is part of the key: a plan holds kernel functions (and launch
     # parameters) loaded on the device that was current when it was made.  Asked only once
     # an array was seen to be a CuPy array (without a GPU the call would raise).
@@ -81,6 +73,37 @@ def signature(arrays, scalars):
     sig.append(_GET_DEVICE())
     sig.append(tuple(PLAN_VARIANT))
     return tuple(sig)
+
+
+def _scalar_key(scalars, nd):
+    """The scalars and their types, or None when the call must not be cached (a value of
+    another type).  Types are kept so that True and 1 (equal in Python) stay distinct:
+    validation treats them differently (a bool window is an error).  Tuples (window_size) keep
+    their elements' types; a CuPy array in a scalar's place (the float8 scales, read on the
+    device per call) counts by its layout, as an array does.  The common case -- plain values
+    and one tuple -- costs a few C-level passes over the tuple, no per-value Python loop."""
+    types = tuple(map(type, scalars))
+    if _SCALARS.issuperset(types):
+        return scalars, types
+    if _SCALARS_OR_TUPLE.issuperset(types):
+        # The tuples' element types, in order (the values say how many each tuple has).
+        inner = [tuple(map(type, s)) for s in scalars if type(s) is tuple]
+        for t in inner:
+            if not _SCALARS.issuperset(t):
+                return None
+        return scalars, types, tuple(inner)
+    values = []
+    for s, t in zip(scalars, types):
+        if t is nd:
+            s = (nd, s.shape, s.strides, s.dtype, s.data.device_id)
+        elif t is tuple:
+            if not _SCALARS.issuperset(map(type, s)):
+                return None
+            t = tuple(map(type, s))
+        elif t not in _SCALARS:
+            return None
+        values.append((t, s))
+    return tuple(values)
 
 
 class CallCache:

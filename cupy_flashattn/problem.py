@@ -106,6 +106,19 @@ class AttentionProblem:
     # instead of (H, B) and so needs no combine kernel (_cuda/decode_sm90.py).
     lse_unread: bool = False
 
+    @classmethod
+    def from_fields(cls, fields: dict, updates: dict) -> "AttentionProblem":
+        """A problem whose fields are ``fields`` (every field, e.g. another problem's
+        ``__dict__``) with ``updates`` applied, made without running ``__init__``: the cached
+        calls (``_calls.py``) build one per execution from their fixed fields and the call's
+        arrays, and ``__init__``'s keyword handling was most of that cost.  Equal to
+        ``AttentionProblem(**{**fields, **updates})`` (the dataclass has no __post_init__)."""
+        problem = cls.__new__(cls)
+        d = problem.__dict__
+        d.update(fields)
+        d.update(updates)
+        return problem
+
     @property
     def paged(self) -> bool:
         return self.block_table is not None

@@ -43,7 +43,7 @@ def test_launch_rebinds_pointers_per_call(recorder):
     run = launcher.Launch(_Kernel(), (3, 2), (128,), 4096, FWD_ARGS, template)
     run({"q": _Arr(0x1000), "k": _Arr(0x2000)})
     run({"q": _Arr(0x3000), "k": None})
-    words, _, _ = run._buffers()
+    words = run._buffers()[0]
     assert words[FWD_ARGS.pointer_words["q"]] == 0x3000 and words[FWD_ARGS.pointer_words["k"]] == 0
     assert [c["dims"] for c in recorder] == [(3, 2, 1, 128, 1, 1)] * 2
     assert recorder[0]["fn"] == 0xF00D and recorder[0]["smem"] == 4096 and recorder[0]["stream"] == 7
@@ -64,7 +64,7 @@ def test_tma_launch_writes_the_maps_of_each_calls_arrays(recorder):
     geos = (Geo("q"), Geo("kv"), Geo("kv"))
     run = launcher.TmaLaunch(_Kernel(), (1,), (384,), 1 << 17, SM90_ARGS, template, geos)
     run({"q": _Arr(0x10), "k": _Arr(0x20), "v": _Arr(0x30)})
-    words, _, _ = run._buffers()
+    words = run._buffers()[0]
     base = words.ctypes.data
     assert encoded == [("q", base, 0x10), ("kv", base + 128, 0x20), ("kv", base + 256, 0x30)]
     assert words[SM90_ARGS.pointer_words["v"]] == 0x30

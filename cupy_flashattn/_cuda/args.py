@@ -70,8 +70,10 @@ PROBLEM_POINTERS = (
 
 def problem_pointers(p) -> dict:
     """FwdParams pointer field -> the problem's array (what a replayed launch rebinds:
-    ``launcher.Launch``)."""
-    return {field: getattr(p, attr) for field, attr in PROBLEM_POINTERS}
+    ``launcher.Launch``).  Read from the dataclass's ``__dict__``: per call, a dict lookup is
+    cheaper than ``getattr`` (14 fields)."""
+    fields = p.__dict__
+    return {field: fields[attr] for field, attr in PROBLEM_POINTERS}
 
 
 def window(w: int) -> int:

@@ -60,12 +60,15 @@ class Launch:
             _bind_cupy()
 
     def _buffers(self):
-        """This thread's struct words and the address of its one-entry ``kernelParams``."""
+        """This thread's struct words, its one-entry ``kernelParams`` array and that array's
+        address, and a memoryview of the words (pointer writes through it cost less than item
+        writes on the NumPy array)."""
         bufs = getattr(self._local, "bufs", None)
         if bufs is None:
             words = self.template_words.copy()
             params = np.array([words.ctypes.data], dtype=np.uint64)  # void* kernelParams[1]
-            bufs = self._local.bufs = (words, params, int(params.ctypes.data))
+            view = memoryview(words).cast("B").cast("Q")
+            bufs = self._local.bufs = (words, params, int(params.ctypes.data), view)
         return bufs
 
     def __call__(self, pointers: dict) -> None:
@@ -73,14 +76,15 @@ class Launch:
         array or None).  Name every pointer field: one left out keeps what this thread's
         previous launch wrote (the buffer is reused), which is the template's value only on
         the first launch."""
-        words, _params, params_ptr = self._buffers()
-        self._bind(words, pointers)
+        _words, _params, params_ptr, view = self._buffers()
+        self._bind(view, pointers)
         gx, gy, gz, bx, by, bz = self.dims
         _LAUNCH_KERNEL(self.function_ptr, gx, gy, gz, bx, by, bz, self.smem,
                        _CURRENT_STREAM().ptr, params_ptr, 0)
 
-    def _bind(self, words: np.ndarray, pointers: dict) -> None:
-        """Write this call's arrays into the struct words (pointer fields)."""
+    def _bind(self, words, pointers: dict) -> None:
+        """Write this call's arrays into the struct words (pointer fields; ``words``: 64-bit
+        words, a memoryview or a NumPy array)."""
         self.pack.write_pointers(words, pointers)
 
 
@@ -96,7 +100,7 @@ class TmaLaunch(Launch):
         super().__init__(kernel, grid, block, smem, pack, template)
         self.geometries = geometries
 
-    def _bind(self, words: np.ndarray, pointers: dict) -> None:
+    def _bind(self, words, pointers: dict) -> None:
         """Pointer fields, then the maps of this call's q, k, v that changed address."""
         self.pack.write_pointers(words, pointers)
         if self.geometries is None:
@@ -109,7 +113,9 @@ class TmaLaunch(Launch):
                 continue
             address = pointers[name].data.ptr
             if encoded[i] != address:
-                self.pack.write_map(words, i, geo, address)
+                # The map is encoded in place by the driver: the NumPy array (its address),
+                # not the memoryview of its words.
+                self.pack.write_map(self._buffers()[0], i, geo, address)
                 encoded[i] = address
 
 
