@@ -15,8 +15,12 @@ CUDA-graph replay, is for decode rows only), ours beside torch's, all after warm
   -- on an idle GPU, so host work and kernels are both inside; median of CALL_ROUNDS.
 * back to back (`us_b2b`): wall time per call of many calls, one synchronisation at the end.
 * kernel only (`us_kernel`, `tflops_kernel`): ours through the launcher below the public API
-  (no validation; the launch plan made once, then replayed), events around 3 back-to-back
-  calls; torch's SDPA call the same way (its host work overlaps its kernels).
+  (no validation; the launch plan made once, then replayed), torch's SDPA call; each captured
+  in a CUDA graph, events around 3 back-to-back replays.  Graphs since stop 46: before, the
+  callables themselves were timed, and torch's host work (a call returned after ~200 us on the
+  H100 machine) did not always hide behind its kernels -- cuDNN's kernel-only time at D = 128
+  S = 2048 read 465 us through its call against 421-435 us replayed, which had put our kernel
+  at 1.01x cuDNN where it is ~0.93x (tools/one_call_anatomy.py, NOTES stop 46).
 Ratios (`ratio_flash`, `ratio_cudnn`) are throughput ratios of the one-call times, ours /
 theirs (above 1 = ours faster); `ratio_kernel_*` the same for kernel-only times.  Every layout
 and provider of a case takes a turn in each round of each measurement (interleaved rounds), so
@@ -83,6 +87,22 @@ def kernel_sample(fn, inner=3):
     b.record()
     b.synchronize()
     return cupy.cuda.get_elapsed_time(a, b) * 1e-3 / inner
+
+
+def graphed(fns):
+    """Each callable of ``fns`` captured in a CUDA graph and replaced by its replay -- torch's
+    ("torch:" names) with ``torch.cuda.CUDAGraph``, ours with CuPy's stream capture -- so a
+    kernel-only sample holds GPU time only; a callable that cannot be captured stays as it is
+    (reported on stderr).  The replays keep the graphs (and their outputs) alive."""
+    out = {}
+    for name, fn in fns.items():
+        capture = measure.torch_graph if name.startswith("torch:") else measure.cupy_graph
+        try:
+            out[name] = capture(fn)[0]
+        except Exception as e:  # a capture failure leaves the eager callable
+            print(f"# {name}: not captured ({e}); kernel-only times the call itself", file=sys.stderr)
+            out[name] = fn
+    return out
 
 
 def time_interleaved(fns, warmup=3, rounds=KERNEL_ROUNDS, sample=kernel_sample):
@@ -311,7 +331,7 @@ def run_case(case, modes, providers=("flash", "cudnn"), check=True, measures=("k
 
     Returns (res, tres): res[mode] = {"flops", "err", <measure>: seconds, ...} and
     tres[provider] = {<measure>: seconds, ...} for each of `measures`:
-    "kernel" (ours through the launcher, kernel_sample), "call" (one public call start to end,
+    "kernel" (ours through the launcher, kernel_sample of CUDA-graph replays: graphed), "call" (one public call start to end,
     measure.one_call) and "b2b" (back to back, measure.back_to_back; res also gets
     "b2b_calls").  Torch's callable is its public SDPA call in every measure.  Within a
     measure, every layout and provider takes a turn in each round (time_interleaved)."""
@@ -328,7 +348,7 @@ def run_case(case, modes, providers=("flash", "cudnn"), check=True, measures=("k
     peers = torch_peers(case, providers)
     times, n_b2b = {}, 0
     if "kernel" in measures:
-        times["kernel"] = time_interleaved({**kernel_fns, **peers})
+        times["kernel"] = time_interleaved(graphed({**kernel_fns, **peers}))
     if "call" in measures:
         times["call"] = time_interleaved({**call_fns, **peers}, rounds=CALL_ROUNDS,
                                          sample=measure.one_call)  # fmt: skip

@@ -13,7 +13,9 @@ back-to-back calls) and "call" (one flushed call, start to end):
   spin+plan      ``--spin`` us of busy host waiting, then the own-plan replay
   spin+graph     the same wait, then the graph
   cudnn / cudnn graph   torch SDPA, directly and replayed
-The graph's output is checked against the public call's.
+The graph's output is checked against the public call's.  Then, with --host, where the host
+time of the x3 pattern goes: wall time of each of 3 back-to-back public calls (and of
+``cupy.empty`` of the output's size alone), and a cProfile of 20 such triples by internal time.
 
     PYTHONPATH=. python3 tools/launch_gap_probe.py [--row D,S,causal] [--spin US] [--rounds N]
 """
@@ -44,6 +46,7 @@ def main(argv=None):
     ap.add_argument("--row", default="128,2048,0")
     ap.add_argument("--spin", type=float, default=35.0)
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--host", action="store_true")
     args = ap.parse_args(argv)
     d, s, causal = (int(x) for x in args.row.split(","))
     case = Case("bf16", d, s, bool(causal), torch)
@@ -92,6 +95,49 @@ def main(argv=None):
     print(f"D{d} S{s} {'causal' if causal else 'full'}, spin {args.spin} us")
     for name in fns:
         print(f"  {name:12s} | x3 {x3[name] * 1e6:7.1f} | call {call[name] * 1e6:7.1f}")
+    if args.host:
+        host_section(public, q4, fns["public out="])
+
+
+def host_section(public, q4, public_out):
+    """Host wall time (us) of each call of a back-to-back triple, and its cProfile."""
+    import cProfile
+    import io
+    import pstats
+
+    import cupy
+    import numpy as np
+
+    print(f"allocator: {cupy.cuda.get_allocator()!r}")
+
+    def triple(fn):
+        cupy.cuda.runtime.deviceSynchronize()
+        ts = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        cupy.cuda.runtime.deviceSynchronize()
+        return ts
+
+    def alloc():
+        return cupy.empty(q4.shape, q4.dtype)
+
+    for name, fn in (("public", public), ("public out=", public_out), ("cupy.empty", alloc)):
+        t = np.median(np.array([triple(fn) for _ in range(15)]), axis=0) * 1e6
+        print(f"  host us of calls 1 / 2 / 3 of a triple, {name:12s}: "
+              + " / ".join(f"{x:6.1f}" for x in t))
+    prof = cProfile.Profile()
+    for _ in range(20):
+        cupy.cuda.runtime.deviceSynchronize()
+        prof.enable()
+        for _ in range(3):
+            public()
+        prof.disable()
+    cupy.cuda.runtime.deviceSynchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(16)
+    print(buf.getvalue())
 
 
 if __name__ == "__main__":

@@ -32,10 +32,13 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-sys.path.insert(0, ROOT)
+sys.path.append(ROOT)  # after PYTHONPATH: an A/B run can put another checkout's package first
 
 
 def main(argv=None):
+    import cupy_flashattn  # before bench.py, which puts this checkout first on sys.path
+
+    print(f"cupy_flashattn from {os.path.dirname(cupy_flashattn.__file__)}", flush=True)
     import cupy
     import numpy as np
     import torch
@@ -49,6 +52,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--out", default="/tmp/anatomy")
     ap.add_argument("--smi", action="store_true")
+    ap.add_argument("--quick", action="store_true",
+                    help="one call and x3 only (no graphs, no sustained runs, no cProfile)")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     smi = None
@@ -96,7 +101,7 @@ def main(argv=None):
         ours, cudnn = case.user_call("dense"), case.torch_fn("cudnn")
         first_public = first_public or ours
         fns = {"ours": ours, "cudnn": cudnn}
-        for name, capture, fn in (("ours graph", cupy_graph, ours), ("cudnn graph", torch_graph, cudnn)):
+        for name, capture, fn in () if args.quick else (("ours graph", cupy_graph, ours), ("cudnn graph", torch_graph, cudnn)):
             try:
                 fns[name] = capture(fn)[0]
             except Exception as exc:  # noqa: BLE001 -- report it, go on without that column
@@ -104,8 +109,8 @@ def main(argv=None):
         res = {}
         res["call"] = time_interleaved(fns, rounds=args.rounds, sample=lambda fn: one_call(fn, flush))
         res["x3"] = time_interleaved(fns, rounds=args.rounds, sample=kernel_sample)
-        res["x10"] = time_interleaved(fns, rounds=3, sample=lambda fn: back_to_back(fn, 10))
-        res["x30"] = time_interleaved(fns, rounds=3, sample=lambda fn: back_to_back(fn, 30))
+        for n in () if args.quick else (10, 30):
+            res[f"x{n}"] = time_interleaved(fns, rounds=3, sample=lambda fn, n=n: back_to_back(fn, n))
         parts = [split_call(ours) for _ in range(args.rounds)]
         to_launch = float(np.median([p[0] for p in parts]))
         launch_to_end = float(np.median([p[1] for p in parts]))
@@ -125,7 +130,7 @@ def main(argv=None):
         h_busy = float(np.median([host(ours, ahead) for _ in range(args.rounds)]))
         for name in fns:
             lines.append(f"{row} | {name:12s} | " + " | ".join(
-                f"{m} {res[m][name] * 1e6:7.1f}" for m in ("call", "x3", "x10", "x30")))
+                f"{m} {res[m][name] * 1e6:7.1f}" for m in res))
         lines.append(f"{row} | ours split   | to launch {to_launch * 1e6:6.1f} | launch to end "
                      f"{launch_to_end * 1e6:7.1f} | host idle {h_idle * 1e6:6.1f} | host busy "
                      f"{h_busy * 1e6:6.1f}")
@@ -135,6 +140,10 @@ def main(argv=None):
         torch.cuda.empty_cache()
     launcher.Launch.__call__ = original_call
     marks = None
+    if args.quick:
+        with open(os.path.join(args.out, "anatomy.txt"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+        return
 
     # cProfile of back-to-back public calls with the GPU busy: a call that waits on the GPU
     # shows its wait as a builtin's internal time.

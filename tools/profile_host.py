@@ -19,7 +19,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# After PYTHONPATH: an A/B run can put another checkout's package first.
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import cupy  # noqa: E402
 import ml_dtypes  # noqa: E402
@@ -180,7 +181,8 @@ def main():
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    print(f"cupy {cupy.__version__}, numpy {np.__version__}, python {sys.version.split()[0]}")
+    print(f"cupy {cupy.__version__}, numpy {np.__version__}, python {sys.version.split()[0]}, "
+          f"cupy_flashattn from {os.path.dirname(fa.__file__)}")
     rows, (q1, kc, vc) = cases()
     try:
         rows.update(torch_rows(q1, kc, vc))
