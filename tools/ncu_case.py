@@ -5,6 +5,8 @@
 
 --paged P: the same keys in a paged pool of page size P (pages in a random order), through
 flash_attn_varlen_func with block_table (tools/quickbench_sm90.py's paged case).
+--torch cudnn|flash: torch SDPA with that backend on the same bits instead of ours (the peer's
+kernel under the same profiler, e.g. ``ncu --kernel-name regex:.``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ def main(argv=None):
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--paged", type=int, default=0, help="page size (0: dense)")
+    ap.add_argument("--torch", choices=("cudnn", "flash"), default=None)
     args = ap.parse_args(argv)
     import cupy
     import ml_dtypes
@@ -35,7 +38,19 @@ def main(argv=None):
     shape = (b, args.s, args.heads, args.d)
     q, k, v = (cupy.random.standard_normal(shape, dtype=cupy.float32).astype(ml_dtypes.bfloat16)
                for _ in range(3))
-    if args.paged:
+    if args.torch:
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
+        tq, tk, tv = (torch.from_dlpack(a.view(cupy.int16)).view(torch.bfloat16).transpose(1, 2)
+                      for a in (q, k, v))
+
+        def call():
+            with sdpa_kernel([backend[args.torch]]):
+                return torch.nn.functional.scaled_dot_product_attention(tq, tk, tv,
+                                                                        is_causal=args.causal)
+    elif args.paged:
         import numpy as np
 
         from quickbench_sm90 import paged_call
@@ -48,7 +63,8 @@ def main(argv=None):
     for _ in range(args.calls):
         call()
     cupy.cuda.runtime.deviceSynchronize()
-    print(f"ran {args.calls} calls of {shape} causal={args.causal} paged={args.paged}")
+    print(f"ran {args.calls} calls of {shape} causal={args.causal} paged={args.paged} "
+          f"torch={args.torch}")
 
 
 if __name__ == "__main__":
