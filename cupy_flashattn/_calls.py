@@ -196,7 +196,6 @@ class _Call:
         if first and self.plan is not None:
             self.pointers_only = all(getattr(launch, "direct", False) for launch in self.plan)
 
-
     def _problem(self, arrays: dict) -> AttentionProblem:
         """The AttentionProblem of this execution: ``AttentionProblem(**arrays, **self.fields)``,
         built from the field values kept since the first execution (problem.from_fields: a
