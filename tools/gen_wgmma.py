@@ -14,10 +14,15 @@ import pathlib
 #: (O += P V, B = V read MN-major, i.e. transposed).
 #: The ss widths are the key tiles sm90/kernel_traits.cuh ships (64: D 192 and paged D 256; 80:
 #: D 256; 128; 176: the wide D 128 kernel); a tile sweep adds its widths here (160 and 192 were
-#: measured at stop 33 and lost, benchmarks/NOTES.md).
-SHAPES = (("ss", 64), ("ss", 80), ("ss", 128), ("ss", 176), ("rs", 64))
+#: measured at stop 33 and lost, benchmarks/NOTES.md).  The rs widths are O's column blocks:
+#: 64 (one block per instruction), and 128 / 192 / 256 (every block of D = 128 / 192 / 256 in
+#: one instruction: FA_SM90_PV_WIDE, sm90/kernel_traits.cuh).
+SHAPES = (("ss", 64), ("ss", 80), ("ss", 128), ("ss", 176), ("rs", 64), ("rs", 128), ("rs", 192),
+          ("rs", 256))
 #: The key-tile widths S = Q K^T is generated for (ss_qk<kN> picks the wrapper).
 SS_WIDTHS = tuple(n for kind, n in SHAPES if kind == "ss")
+#: The O widths O += P V is generated for (rs_pv<kN> picks the wrapper).
+RS_WIDTHS = tuple(n for kind, n in SHAPES if kind == "rs")
 TYPES = (("Bf16", "bf16"), ("F16", "f16"))
 
 HEADER = """\
@@ -29,7 +34,8 @@ HEADER = """\
 //     (imm-trans-b = 1: V stored [key][d] is B with N = d contiguous).
 // scale_d = 0 overwrites D (first k step), 1 accumulates.  d: the accumulators as kT n8 tiles
 // of 4 floats (s[0] / o[0] of the kernel's [1][kT][4] arrays); the instruction writes tiles
-// kOff .. kOff + N/8 - 1 (O += P V runs one 64-column block of O per instruction).  The accumulator layout per warp w
+// kOff .. kOff + N/8 - 1 (O += P V: one 64-column block of O per instruction, or all of them,
+// FA_SM90_PV_WIDE).  The accumulator layout per warp w
 // of the warpgroup: d[4 i + e] is row 16 w + g + 8 (e >> 1), column 8 i + 2 t + (e & 1) --
 // the mma.sync C layout of n-tile i, so mask.cuh / softmax.cuh work on it unchanged.
 #pragma once
@@ -90,12 +96,27 @@ __device__ __forceinline__ void ss_qk(float (&d)[kT][4], u64 desc_a, u64 desc_b,
 """
 
 
+def _dispatch_pv() -> str:
+    # O += P V over kN columns of O (from n8 tile kOff): the kernel names the width.
+    branches = "\n  else ".join(
+        f"if constexpr (kN == {n}) rs_m64n{n}k16<kOff>(d, a, desc_b, scale_d, e);"
+        for n in RS_WIDTHS)
+    return f"""// O(64 x kN) (+)= P V for one k step, from n8 tile kOff: the rs wrapper of width kN.
+template <int kN, int kOff, class Elem, int kT>
+__device__ __forceinline__ void rs_pv(float (&d)[kT][4], const u32 (&a)[4], u64 desc_b, int scale_d, Elem e) {{
+  {branches}
+  else static_assert(kN < 0, "tools/gen_wgmma.py: no rs wrapper of this width (SHAPES)");
+}}
+"""
+
+
 def render() -> str:
     parts = [HEADER]
     for elem, ptx in TYPES:
         for kind, n in SHAPES:
             parts.append(_wrapper(kind, n, elem, ptx))
     parts.append(_dispatch())
+    parts.append(_dispatch_pv())
     parts.append("}  // namespace wgmma\n}  // namespace fa\n")
     return "\n".join(parts)
 

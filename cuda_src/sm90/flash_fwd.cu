@@ -569,14 +569,22 @@ __device__ __forceinline__ void issue_qk(float (&sacc)[1][Tr::kNTiles][4], u32 q
 }
 
 // Issue O += P V over the tile's kBlockN / 16 key steps (not waited); `accumulate` false:
-// the first step overwrites.
-template <class Tr, class Elem>
+// the first step overwrites.  kWide: one wgmma per step over all of O (FA_SM90_PV_WIDE).
+template <class Tr, class Elem, bool kWide = false>
 __device__ __forceinline__ void issue_pv(float (&acc_o)[1][Tr::kDTiles][4],
                                          const u32 (&pa)[Tr::kNTiles / 2][4], u32 v_tile,
                                          bool accumulate = true) {
 #pragma unroll
   for (int kk = 0; kk < Tr::kNTiles / 2; ++kk) {
     const int scale_d = accumulate || kk > 0;
+    if constexpr (kWide && Tr::kDBlocks > 1) {
+      // Every column block of O in one wgmma (N = D); the V descriptor's leading byte offset
+      // (rows * 128 bytes, wgmma.cuh desc_mn_major) steps from block to block.
+      wgmma::rs_pv<64 * Tr::kDBlocks, 0>(acc_o[0], pa[kk],
+                                         wgmma::desc_mn_major<Tr::kBlockN>(v_tile, kk, 0), scale_d,
+                                         Elem{});
+      continue;
+    }
     pv_block<Tr, Elem, 0>(acc_o, pa[kk], v_tile, kk, scale_d);
     pv_block<Tr, Elem, 1>(acc_o, pa[kk], v_tile, kk, scale_d);
     pv_block<Tr, Elem, 2>(acc_o, pa[kk], v_tile, kk, scale_d);
@@ -654,6 +662,9 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
   const int it0 = it;
   constexpr bool kOverlap = Tr::overlap(Is_paged, Has_transform);
   constexpr bool kPingPong = uses_pingpong<Tr, Is_paged, Has_transform, Is_split>();
+  // FA_SM90_PV_WIDE: not in the split (decode) kernels -- the D = 128 paged one spilled 8
+  // bytes with it, and a decode step is bound by its K / V bytes, not by its wgmma count.
+  constexpr bool kWidePv = FA_SM90_PV_WIDE && !Is_split;
   const int warp = ctid >> 5, lane = ctid & 31;
   const int wg_first = m0 + Tr::kWgRows * cw;  // first sequence row of this warpgroup
   const int wg_rows = imin(Tr::kWgRows, rows_valid - Tr::kWgRows * cw);  // may be <= 0
@@ -812,11 +823,11 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
       wgmma::fence();
       const u32 v_tile = sm.v(stage_of(n_block));
       if constexpr (kF32) {  // into the fresh acc_t, the small terms first
-        issue_pv<Tr, Elem>(acc_t, pa_lo, v_tile, false);
-        issue_pv<Tr, Elem>(acc_t, pa, v_tile + Tr::kSmemKVPlane);
-        issue_pv<Tr, Elem>(acc_t, pa, v_tile);
+        issue_pv<Tr, Elem, kWidePv>(acc_t, pa_lo, v_tile, false);
+        issue_pv<Tr, Elem, kWidePv>(acc_t, pa, v_tile + Tr::kSmemKVPlane);
+        issue_pv<Tr, Elem, kWidePv>(acc_t, pa, v_tile);
       } else {
-        issue_pv<Tr, Elem>(acc_o, pa, v_tile);
+        issue_pv<Tr, Elem, kWidePv>(acc_o, pa, v_tile);
       }
       wgmma::commit();
     };

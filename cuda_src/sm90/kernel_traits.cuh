@@ -64,6 +64,15 @@
 #ifndef FA_SM90_BLOCKN_256
 #define FA_SM90_BLOCKN_256 80
 #endif
+// O += P V as one wgmma per 16 keys over all of O's 64-column blocks (N = D: 128 / 192 / 256;
+// the V descriptor's leading byte offset steps between the blocks) instead of one N = 64 wgmma
+// per block.  Off until device-verified.  Why (stop 46, ncu, H100, D = 128 S = 2k): our kernel
+// executes 6.3 M HGMMA against cuDNN's 4.2 M for the same products, and every N = 64 P V
+// wgmma rebuilds its V descriptor with four uniform-datapath instructions (ULOP3 / USHF /
+// UIADD3) and a UMOV -- 14 M ULOP3 and 7.4 M USHF of our 200 M warp instructions, ~0 in cuDNN's.
+#ifndef FA_SM90_PV_WIDE
+#define FA_SM90_PV_WIDE 0
+#endif
 
 namespace fa {
 

@@ -37,18 +37,46 @@ __device__ __forceinline__ u64 desc_sw128(u32 smem_addr, u32 lbo_bytes, u32 sbo_
          ((u64)(sbo_bytes >> 4) << 32) | (1ull << 62);
 }
 
+// FA_SM90_DESC_ADD (off until device-verified): a step's descriptor as the tile's descriptor
+// plus the step's byte offset >> 4.  Exact: the start-address field (bits 0-13) holds
+// (addr & 0x3FFFF) >> 4 and a shared-memory address plus any offset inside a tile stays below
+// 2^18 (227 KB), so the add never carries out of the field.  With kk a constant of an unrolled
+// loop the tile's descriptor is computed once and each wgmma costs one add; the default form
+// masks and shifts every step's address anew: four uniform-datapath instructions per wgmma
+// (ULOP3 / USHF / ULOP3 / UIADD3), 14 M ULOP3 and 7.4 M USHF of the D = 128 S = 2k kernel's
+// 200 M warp instructions (ncu, stop 46).
+#ifndef FA_SM90_DESC_ADD
+#define FA_SM90_DESC_ADD 0
+#endif
+
+// The descriptor of `tile + offset` as the tile's low word plus offset >> 4, added in 32 bits
+// (the field cannot carry, see above; a 64-bit add cost an IMAD.X per descriptor).
+__device__ __forceinline__ u64 desc_sw128_plus(u32 tile, u32 offset, u32 lbo_bytes, u32 sbo_bytes) {
+  const u32 lo = (((tile & 0x3FFFF) >> 4) | ((lbo_bytes >> 4) << 16)) + (offset >> 4);
+  const u32 hi = (sbo_bytes >> 4) | (1u << 30);
+  return ((u64)hi << 32) | lo;
+}
+
 // K-major operand: k step kk of a [rows][D] tile at `tile`.
 template <int kRows>
 __device__ __forceinline__ u64 desc_k_major(u32 tile, int kk) {
-  const u32 addr = tile + (kk >> 2) * (kRows * kSwizzleRowBytes) + (kk & 3) * 32;
-  return desc_sw128(addr, 16, 1024);
+  const u32 offset = (kk >> 2) * (kRows * kSwizzleRowBytes) + (kk & 3) * 32;
+#if FA_SM90_DESC_ADD
+  return desc_sw128_plus(tile, offset, 16, 1024);
+#else
+  return desc_sw128(tile + offset, 16, 1024);
+#endif
 }
 
 // MN-major operand: keys 16 kk .. 16 kk + 15, d columns of block db, of a [rows][D] tile.
 template <int kRows>
 __device__ __forceinline__ u64 desc_mn_major(u32 tile, int kk, int db) {
-  const u32 addr = tile + db * (kRows * kSwizzleRowBytes) + kk * 16 * kSwizzleRowBytes;
-  return desc_sw128(addr, kRows * kSwizzleRowBytes, 1024);
+  const u32 offset = db * (kRows * kSwizzleRowBytes) + kk * 16 * kSwizzleRowBytes;
+#if FA_SM90_DESC_ADD
+  return desc_sw128_plus(tile, offset, kRows * kSwizzleRowBytes, 1024);
+#else
+  return desc_sw128(tile + offset, kRows * kSwizzleRowBytes, 1024);
+#endif
 }
 
 // Before the first wgmma of a batch: orders the warpgroup's earlier register writes

@@ -6,7 +6,8 @@
 //     (imm-trans-b = 1: V stored [key][d] is B with N = d contiguous).
 // scale_d = 0 overwrites D (first k step), 1 accumulates.  d: the accumulators as kT n8 tiles
 // of 4 floats (s[0] / o[0] of the kernel's [1][kT][4] arrays); the instruction writes tiles
-// kOff .. kOff + N/8 - 1 (O += P V runs one 64-column block of O per instruction).  The accumulator layout per warp w
+// kOff .. kOff + N/8 - 1 (O += P V: one 64-column block of O per instruction, or all of them,
+// FA_SM90_PV_WIDE).  The accumulator layout per warp w
 // of the warpgroup: d[4 i + e] is row 16 w + g + 8 (e >> 1), column 8 i + 2 t + (e & 1) --
 // the mma.sync C layout of n-tile i, so mask.cuh / softmax.cuh work on it unchanged.
 #pragma once
@@ -72,6 +73,39 @@ __device__ __forceinline__ void rs_m64n64k16(float (&d)[kT][4], const u32 (&a)[4
 }
 
 template <int kOff, int kT>
+__device__ __forceinline__ void rs_m64n128k16(float (&d)[kT][4], const u32 (&a)[4], u64 desc_b, int scale_d, Bf16) {
+  static_assert(kOff + 16 <= kT, "n8 tiles of the accumulator");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[kOff + 0][0]), "+f"(d[kOff + 0][1]), "+f"(d[kOff + 0][2]), "+f"(d[kOff + 0][3]), "+f"(d[kOff + 1][0]), "+f"(d[kOff + 1][1]), "+f"(d[kOff + 1][2]), "+f"(d[kOff + 1][3]), "+f"(d[kOff + 2][0]), "+f"(d[kOff + 2][1]), "+f"(d[kOff + 2][2]), "+f"(d[kOff + 2][3]), "+f"(d[kOff + 3][0]), "+f"(d[kOff + 3][1]), "+f"(d[kOff + 3][2]), "+f"(d[kOff + 3][3]), "+f"(d[kOff + 4][0]), "+f"(d[kOff + 4][1]), "+f"(d[kOff + 4][2]), "+f"(d[kOff + 4][3]), "+f"(d[kOff + 5][0]), "+f"(d[kOff + 5][1]), "+f"(d[kOff + 5][2]), "+f"(d[kOff + 5][3]), "+f"(d[kOff + 6][0]), "+f"(d[kOff + 6][1]), "+f"(d[kOff + 6][2]), "+f"(d[kOff + 6][3]), "+f"(d[kOff + 7][0]), "+f"(d[kOff + 7][1]), "+f"(d[kOff + 7][2]), "+f"(d[kOff + 7][3]), "+f"(d[kOff + 8][0]), "+f"(d[kOff + 8][1]), "+f"(d[kOff + 8][2]), "+f"(d[kOff + 8][3]), "+f"(d[kOff + 9][0]), "+f"(d[kOff + 9][1]), "+f"(d[kOff + 9][2]), "+f"(d[kOff + 9][3]), "+f"(d[kOff + 10][0]), "+f"(d[kOff + 10][1]), "+f"(d[kOff + 10][2]), "+f"(d[kOff + 10][3]), "+f"(d[kOff + 11][0]), "+f"(d[kOff + 11][1]), "+f"(d[kOff + 11][2]), "+f"(d[kOff + 11][3]), "+f"(d[kOff + 12][0]), "+f"(d[kOff + 12][1]), "+f"(d[kOff + 12][2]), "+f"(d[kOff + 12][3]), "+f"(d[kOff + 13][0]), "+f"(d[kOff + 13][1]), "+f"(d[kOff + 13][2]), "+f"(d[kOff + 13][3]), "+f"(d[kOff + 14][0]), "+f"(d[kOff + 14][1]), "+f"(d[kOff + 14][2]), "+f"(d[kOff + 14][3]), "+f"(d[kOff + 15][0]), "+f"(d[kOff + 15][1]), "+f"(d[kOff + 15][2]), "+f"(d[kOff + 15][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+template <int kOff, int kT>
+__device__ __forceinline__ void rs_m64n192k16(float (&d)[kT][4], const u32 (&a)[4], u64 desc_b, int scale_d, Bf16) {
+  static_assert(kOff + 24 <= kT, "n8 tiles of the accumulator");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %101, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95}, {%96,%97,%98,%99}, %100, p, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[kOff + 0][0]), "+f"(d[kOff + 0][1]), "+f"(d[kOff + 0][2]), "+f"(d[kOff + 0][3]), "+f"(d[kOff + 1][0]), "+f"(d[kOff + 1][1]), "+f"(d[kOff + 1][2]), "+f"(d[kOff + 1][3]), "+f"(d[kOff + 2][0]), "+f"(d[kOff + 2][1]), "+f"(d[kOff + 2][2]), "+f"(d[kOff + 2][3]), "+f"(d[kOff + 3][0]), "+f"(d[kOff + 3][1]), "+f"(d[kOff + 3][2]), "+f"(d[kOff + 3][3]), "+f"(d[kOff + 4][0]), "+f"(d[kOff + 4][1]), "+f"(d[kOff + 4][2]), "+f"(d[kOff + 4][3]), "+f"(d[kOff + 5][0]), "+f"(d[kOff + 5][1]), "+f"(d[kOff + 5][2]), "+f"(d[kOff + 5][3]), "+f"(d[kOff + 6][0]), "+f"(d[kOff + 6][1]), "+f"(d[kOff + 6][2]), "+f"(d[kOff + 6][3]), "+f"(d[kOff + 7][0]), "+f"(d[kOff + 7][1]), "+f"(d[kOff + 7][2]), "+f"(d[kOff + 7][3]), "+f"(d[kOff + 8][0]), "+f"(d[kOff + 8][1]), "+f"(d[kOff + 8][2]), "+f"(d[kOff + 8][3]), "+f"(d[kOff + 9][0]), "+f"(d[kOff + 9][1]), "+f"(d[kOff + 9][2]), "+f"(d[kOff + 9][3]), "+f"(d[kOff + 10][0]), "+f"(d[kOff + 10][1]), "+f"(d[kOff + 10][2]), "+f"(d[kOff + 10][3]), "+f"(d[kOff + 11][0]), "+f"(d[kOff + 11][1]), "+f"(d[kOff + 11][2]), "+f"(d[kOff + 11][3]), "+f"(d[kOff + 12][0]), "+f"(d[kOff + 12][1]), "+f"(d[kOff + 12][2]), "+f"(d[kOff + 12][3]), "+f"(d[kOff + 13][0]), "+f"(d[kOff + 13][1]), "+f"(d[kOff + 13][2]), "+f"(d[kOff + 13][3]), "+f"(d[kOff + 14][0]), "+f"(d[kOff + 14][1]), "+f"(d[kOff + 14][2]), "+f"(d[kOff + 14][3]), "+f"(d[kOff + 15][0]), "+f"(d[kOff + 15][1]), "+f"(d[kOff + 15][2]), "+f"(d[kOff + 15][3]), "+f"(d[kOff + 16][0]), "+f"(d[kOff + 16][1]), "+f"(d[kOff + 16][2]), "+f"(d[kOff + 16][3]), "+f"(d[kOff + 17][0]), "+f"(d[kOff + 17][1]), "+f"(d[kOff + 17][2]), "+f"(d[kOff + 17][3]), "+f"(d[kOff + 18][0]), "+f"(d[kOff + 18][1]), "+f"(d[kOff + 18][2]), "+f"(d[kOff + 18][3]), "+f"(d[kOff + 19][0]), "+f"(d[kOff + 19][1]), "+f"(d[kOff + 19][2]), "+f"(d[kOff + 19][3]), "+f"(d[kOff + 20][0]), "+f"(d[kOff + 20][1]), "+f"(d[kOff + 20][2]), "+f"(d[kOff + 20][3]), "+f"(d[kOff + 21][0]), "+f"(d[kOff + 21][1]), "+f"(d[kOff + 21][2]), "+f"(d[kOff + 21][3]), "+f"(d[kOff + 22][0]), "+f"(d[kOff + 22][1]), "+f"(d[kOff + 22][2]), "+f"(d[kOff + 22][3]), "+f"(d[kOff + 23][0]), "+f"(d[kOff + 23][1]), "+f"(d[kOff + 23][2]), "+f"(d[kOff + 23][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+template <int kOff, int kT>
+__device__ __forceinline__ void rs_m64n256k16(float (&d)[kT][4], const u32 (&a)[4], u64 desc_b, int scale_d, Bf16) {
+  static_assert(kOff + 32 <= kT, "n8 tiles of the accumulator");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, {%128,%129,%130,%131}, %132, p, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[kOff + 0][0]), "+f"(d[kOff + 0][1]), "+f"(d[kOff + 0][2]), "+f"(d[kOff + 0][3]), "+f"(d[kOff + 1][0]), "+f"(d[kOff + 1][1]), "+f"(d[kOff + 1][2]), "+f"(d[kOff + 1][3]), "+f"(d[kOff + 2][0]), "+f"(d[kOff + 2][1]), "+f"(d[kOff + 2][2]), "+f"(d[kOff + 2][3]), "+f"(d[kOff + 3][0]), "+f"(d[kOff + 3][1]), "+f"(d[kOff + 3][2]), "+f"(d[kOff + 3][3]), "+f"(d[kOff + 4][0]), "+f"(d[kOff + 4][1]), "+f"(d[kOff + 4][2]), "+f"(d[kOff + 4][3]), "+f"(d[kOff + 5][0]), "+f"(d[kOff + 5][1]), "+f"(d[kOff + 5][2]), "+f"(d[kOff + 5][3]), "+f"(d[kOff + 6][0]), "+f"(d[kOff + 6][1]), "+f"(d[kOff + 6][2]), "+f"(d[kOff + 6][3]), "+f"(d[kOff + 7][0]), "+f"(d[kOff + 7][1]), "+f"(d[kOff + 7][2]), "+f"(d[kOff + 7][3]), "+f"(d[kOff + 8][0]), "+f"(d[kOff + 8][1]), "+f"(d[kOff + 8][2]), "+f"(d[kOff + 8][3]), "+f"(d[kOff + 9][0]), "+f"(d[kOff + 9][1]), "+f"(d[kOff + 9][2]), "+f"(d[kOff + 9][3]), "+f"(d[kOff + 10][0]), "+f"(d[kOff + 10][1]), "+f"(d[kOff + 10][2]), "+f"(d[kOff + 10][3]), "+f"(d[kOff + 11][0]), "+f"(d[kOff + 11][1]), "+f"(d[kOff + 11][2]), "+f"(d[kOff + 11][3]), "+f"(d[kOff + 12][0]), "+f"(d[kOff + 12][1]), "+f"(d[kOff + 12][2]), "+f"(d[kOff + 12][3]), "+f"(d[kOff + 13][0]), "+f"(d[kOff + 13][1]), "+f"(d[kOff + 13][2]), "+f"(d[kOff + 13][3]), "+f"(d[kOff + 14][0]), "+f"(d[kOff + 14][1]), "+f"(d[kOff + 14][2]), "+f"(d[kOff + 14][3]), "+f"(d[kOff + 15][0]), "+f"(d[kOff + 15][1]), "+f"(d[kOff + 15][2]), "+f"(d[kOff + 15][3]), "+f"(d[kOff + 16][0]), "+f"(d[kOff + 16][1]), "+f"(d[kOff + 16][2]), "+f"(d[kOff + 16][3]), "+f"(d[kOff + 17][0]), "+f"(d[kOff + 17][1]), "+f"(d[kOff + 17][2]), "+f"(d[kOff + 17][3]), "+f"(d[kOff + 18][0]), "+f"(d[kOff + 18][1]), "+f"(d[kOff + 18][2]), "+f"(d[kOff + 18][3]), "+f"(d[kOff + 19][0]), "+f"(d[kOff + 19][1]), "+f"(d[kOff + 19][2]), "+f"(d[kOff + 19][3]), "+f"(d[kOff + 20][0]), "+f"(d[kOff + 20][1]), "+f"(d[kOff + 20][2]), "+f"(d[kOff + 20][3]), "+f"(d[kOff + 21][0]), "+f"(d[kOff + 21][1]), "+f"(d[kOff + 21][2]), "+f"(d[kOff + 21][3]), "+f"(d[kOff + 22][0]), "+f"(d[kOff + 22][1]), "+f"(d[kOff + 22][2]), "+f"(d[kOff + 22][3]), "+f"(d[kOff + 23][0]), "+f"(d[kOff + 23][1]), "+f"(d[kOff + 23][2]), "+f"(d[kOff + 23][3]), "+f"(d[kOff + 24][0]), "+f"(d[kOff + 24][1]), "+f"(d[kOff + 24][2]), "+f"(d[kOff + 24][3]), "+f"(d[kOff + 25][0]), "+f"(d[kOff + 25][1]), "+f"(d[kOff + 25][2]), "+f"(d[kOff + 25][3]), "+f"(d[kOff + 26][0]), "+f"(d[kOff + 26][1]), "+f"(d[kOff + 26][2]), "+f"(d[kOff + 26][3]), "+f"(d[kOff + 27][0]), "+f"(d[kOff + 27][1]), "+f"(d[kOff + 27][2]), "+f"(d[kOff + 27][3]), "+f"(d[kOff + 28][0]), "+f"(d[kOff + 28][1]), "+f"(d[kOff + 28][2]), "+f"(d[kOff + 28][3]), "+f"(d[kOff + 29][0]), "+f"(d[kOff + 29][1]), "+f"(d[kOff + 29][2]), "+f"(d[kOff + 29][3]), "+f"(d[kOff + 30][0]), "+f"(d[kOff + 30][1]), "+f"(d[kOff + 30][2]), "+f"(d[kOff + 30][3]), "+f"(d[kOff + 31][0]), "+f"(d[kOff + 31][1]), "+f"(d[kOff + 31][2]), "+f"(d[kOff + 31][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+template <int kOff, int kT>
 __device__ __forceinline__ void ss_m64n64k16(float (&d)[kT][4], u64 desc_a, u64 desc_b, int scale_d, F16) {
   static_assert(kOff + 8 <= kT, "n8 tiles of the accumulator");
   asm volatile(
@@ -126,6 +160,39 @@ __device__ __forceinline__ void rs_m64n64k16(float (&d)[kT][4], const u32 (&a)[4
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 }
 
+template <int kOff, int kT>
+__device__ __forceinline__ void rs_m64n128k16(float (&d)[kT][4], const u32 (&a)[4], u64 desc_b, int scale_d, F16) {
+  static_assert(kOff + 16 <= kT, "n8 tiles of the accumulator");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[kOff + 0][0]), "+f"(d[kOff + 0][1]), "+f"(d[kOff + 0][2]), "+f"(d[kOff + 0][3]), "+f"(d[kOff + 1][0]), "+f"(d[kOff + 1][1]), "+f"(d[kOff + 1][2]), "+f"(d[kOff + 1][3]), "+f"(d[kOff + 2][0]), "+f"(d[kOff + 2][1]), "+f"(d[kOff + 2][2]), "+f"(d[kOff + 2][3]), "+f"(d[kOff + 3][0]), "+f"(d[kOff + 3][1]), "+f"(d[kOff + 3][2]), "+f"(d[kOff + 3][3]), "+f"(d[kOff + 4][0]), "+f"(d[kOff + 4][1]), "+f"(d[kOff + 4][2]), "+f"(d[kOff + 4][3]), "+f"(d[kOff + 5][0]), "+f"(d[kOff + 5][1]), "+f"(d[kOff + 5][2]), "+f"(d[kOff + 5][3]), "+f"(d[kOff + 6][0]), "+f"(d[kOff + 6][1]), "+f"(d[kOff + 6][2]), "+f"(d[kOff + 6][3]), "+f"(d[kOff + 7][0]), "+f"(d[kOff + 7][1]), "+f"(d[kOff + 7][2]), "+f"(d[kOff + 7][3]), "+f"(d[kOff + 8][0]), "+f"(d[kOff + 8][1]), "+f"(d[kOff + 8][2]), "+f"(d[kOff + 8][3]), "+f"(d[kOff + 9][0]), "+f"(d[kOff + 9][1]), "+f"(d[kOff + 9][2]), "+f"(d[kOff + 9][3]), "+f"(d[kOff + 10][0]), "+f"(d[kOff + 10][1]), "+f"(d[kOff + 10][2]), "+f"(d[kOff + 10][3]), "+f"(d[kOff + 11][0]), "+f"(d[kOff + 11][1]), "+f"(d[kOff + 11][2]), "+f"(d[kOff + 11][3]), "+f"(d[kOff + 12][0]), "+f"(d[kOff + 12][1]), "+f"(d[kOff + 12][2]), "+f"(d[kOff + 12][3]), "+f"(d[kOff + 13][0]), "+f"(d[kOff + 13][1]), "+f"(d[kOff + 13][2]), "+f"(d[kOff + 13][3]), "+f"(d[kOff + 14][0]), "+f"(d[kOff + 14][1]), "+f"(d[kOff + 14][2]), "+f"(d[kOff + 14][3]), "+f"(d[kOff + 15][0]), "+f"(d[kOff + 15][1]), "+f"(d[kOff + 15][2]), "+f"(d[kOff + 15][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+template <int kOff, int kT>
+__device__ __forceinline__ void rs_m64n192k16(float (&d)[kT][4], const u32 (&a)[4], u64 desc_b, int scale_d, F16) {
+  static_assert(kOff + 24 <= kT, "n8 tiles of the accumulator");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %101, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95}, {%96,%97,%98,%99}, %100, p, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[kOff + 0][0]), "+f"(d[kOff + 0][1]), "+f"(d[kOff + 0][2]), "+f"(d[kOff + 0][3]), "+f"(d[kOff + 1][0]), "+f"(d[kOff + 1][1]), "+f"(d[kOff + 1][2]), "+f"(d[kOff + 1][3]), "+f"(d[kOff + 2][0]), "+f"(d[kOff + 2][1]), "+f"(d[kOff + 2][2]), "+f"(d[kOff + 2][3]), "+f"(d[kOff + 3][0]), "+f"(d[kOff + 3][1]), "+f"(d[kOff + 3][2]), "+f"(d[kOff + 3][3]), "+f"(d[kOff + 4][0]), "+f"(d[kOff + 4][1]), "+f"(d[kOff + 4][2]), "+f"(d[kOff + 4][3]), "+f"(d[kOff + 5][0]), "+f"(d[kOff + 5][1]), "+f"(d[kOff + 5][2]), "+f"(d[kOff + 5][3]), "+f"(d[kOff + 6][0]), "+f"(d[kOff + 6][1]), "+f"(d[kOff + 6][2]), "+f"(d[kOff + 6][3]), "+f"(d[kOff + 7][0]), "+f"(d[kOff + 7][1]), "+f"(d[kOff + 7][2]), "+f"(d[kOff + 7][3]), "+f"(d[kOff + 8][0]), "+f"(d[kOff + 8][1]), "+f"(d[kOff + 8][2]), "+f"(d[kOff + 8][3]), "+f"(d[kOff + 9][0]), "+f"(d[kOff + 9][1]), "+f"(d[kOff + 9][2]), "+f"(d[kOff + 9][3]), "+f"(d[kOff + 10][0]), "+f"(d[kOff + 10][1]), "+f"(d[kOff + 10][2]), "+f"(d[kOff + 10][3]), "+f"(d[kOff + 11][0]), "+f"(d[kOff + 11][1]), "+f"(d[kOff + 11][2]), "+f"(d[kOff + 11][3]), "+f"(d[kOff + 12][0]), "+f"(d[kOff + 12][1]), "+f"(d[kOff + 12][2]), "+f"(d[kOff + 12][3]), "+f"(d[kOff + 13][0]), "+f"(d[kOff + 13][1]), "+f"(d[kOff + 13][2]), "+f"(d[kOff + 13][3]), "+f"(d[kOff + 14][0]), "+f"(d[kOff + 14][1]), "+f"(d[kOff + 14][2]), "+f"(d[kOff + 14][3]), "+f"(d[kOff + 15][0]), "+f"(d[kOff + 15][1]), "+f"(d[kOff + 15][2]), "+f"(d[kOff + 15][3]), "+f"(d[kOff + 16][0]), "+f"(d[kOff + 16][1]), "+f"(d[kOff + 16][2]), "+f"(d[kOff + 16][3]), "+f"(d[kOff + 17][0]), "+f"(d[kOff + 17][1]), "+f"(d[kOff + 17][2]), "+f"(d[kOff + 17][3]), "+f"(d[kOff + 18][0]), "+f"(d[kOff + 18][1]), "+f"(d[kOff + 18][2]), "+f"(d[kOff + 18][3]), "+f"(d[kOff + 19][0]), "+f"(d[kOff + 19][1]), "+f"(d[kOff + 19][2]), "+f"(d[kOff + 19][3]), "+f"(d[kOff + 20][0]), "+f"(d[kOff + 20][1]), "+f"(d[kOff + 20][2]), "+f"(d[kOff + 20][3]), "+f"(d[kOff + 21][0]), "+f"(d[kOff + 21][1]), "+f"(d[kOff + 21][2]), "+f"(d[kOff + 21][3]), "+f"(d[kOff + 22][0]), "+f"(d[kOff + 22][1]), "+f"(d[kOff + 22][2]), "+f"(d[kOff + 22][3]), "+f"(d[kOff + 23][0]), "+f"(d[kOff + 23][1]), "+f"(d[kOff + 23][2]), "+f"(d[kOff + 23][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+template <int kOff, int kT>
+__device__ __forceinline__ void rs_m64n256k16(float (&d)[kT][4], const u32 (&a)[4], u64 desc_b, int scale_d, F16) {
+  static_assert(kOff + 32 <= kT, "n8 tiles of the accumulator");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, {%128,%129,%130,%131}, %132, p, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[kOff + 0][0]), "+f"(d[kOff + 0][1]), "+f"(d[kOff + 0][2]), "+f"(d[kOff + 0][3]), "+f"(d[kOff + 1][0]), "+f"(d[kOff + 1][1]), "+f"(d[kOff + 1][2]), "+f"(d[kOff + 1][3]), "+f"(d[kOff + 2][0]), "+f"(d[kOff + 2][1]), "+f"(d[kOff + 2][2]), "+f"(d[kOff + 2][3]), "+f"(d[kOff + 3][0]), "+f"(d[kOff + 3][1]), "+f"(d[kOff + 3][2]), "+f"(d[kOff + 3][3]), "+f"(d[kOff + 4][0]), "+f"(d[kOff + 4][1]), "+f"(d[kOff + 4][2]), "+f"(d[kOff + 4][3]), "+f"(d[kOff + 5][0]), "+f"(d[kOff + 5][1]), "+f"(d[kOff + 5][2]), "+f"(d[kOff + 5][3]), "+f"(d[kOff + 6][0]), "+f"(d[kOff + 6][1]), "+f"(d[kOff + 6][2]), "+f"(d[kOff + 6][3]), "+f"(d[kOff + 7][0]), "+f"(d[kOff + 7][1]), "+f"(d[kOff + 7][2]), "+f"(d[kOff + 7][3]), "+f"(d[kOff + 8][0]), "+f"(d[kOff + 8][1]), "+f"(d[kOff + 8][2]), "+f"(d[kOff + 8][3]), "+f"(d[kOff + 9][0]), "+f"(d[kOff + 9][1]), "+f"(d[kOff + 9][2]), "+f"(d[kOff + 9][3]), "+f"(d[kOff + 10][0]), "+f"(d[kOff + 10][1]), "+f"(d[kOff + 10][2]), "+f"(d[kOff + 10][3]), "+f"(d[kOff + 11][0]), "+f"(d[kOff + 11][1]), "+f"(d[kOff + 11][2]), "+f"(d[kOff + 11][3]), "+f"(d[kOff + 12][0]), "+f"(d[kOff + 12][1]), "+f"(d[kOff + 12][2]), "+f"(d[kOff + 12][3]), "+f"(d[kOff + 13][0]), "+f"(d[kOff + 13][1]), "+f"(d[kOff + 13][2]), "+f"(d[kOff + 13][3]), "+f"(d[kOff + 14][0]), "+f"(d[kOff + 14][1]), "+f"(d[kOff + 14][2]), "+f"(d[kOff + 14][3]), "+f"(d[kOff + 15][0]), "+f"(d[kOff + 15][1]), "+f"(d[kOff + 15][2]), "+f"(d[kOff + 15][3]), "+f"(d[kOff + 16][0]), "+f"(d[kOff + 16][1]), "+f"(d[kOff + 16][2]), "+f"(d[kOff + 16][3]), "+f"(d[kOff + 17][0]), "+f"(d[kOff + 17][1]), "+f"(d[kOff + 17][2]), "+f"(d[kOff + 17][3]), "+f"(d[kOff + 18][0]), "+f"(d[kOff + 18][1]), "+f"(d[kOff + 18][2]), "+f"(d[kOff + 18][3]), "+f"(d[kOff + 19][0]), "+f"(d[kOff + 19][1]), "+f"(d[kOff + 19][2]), "+f"(d[kOff + 19][3]), "+f"(d[kOff + 20][0]), "+f"(d[kOff + 20][1]), "+f"(d[kOff + 20][2]), "+f"(d[kOff + 20][3]), "+f"(d[kOff + 21][0]), "+f"(d[kOff + 21][1]), "+f"(d[kOff + 21][2]), "+f"(d[kOff + 21][3]), "+f"(d[kOff + 22][0]), "+f"(d[kOff + 22][1]), "+f"(d[kOff + 22][2]), "+f"(d[kOff + 22][3]), "+f"(d[kOff + 23][0]), "+f"(d[kOff + 23][1]), "+f"(d[kOff + 23][2]), "+f"(d[kOff + 23][3]), "+f"(d[kOff + 24][0]), "+f"(d[kOff + 24][1]), "+f"(d[kOff + 24][2]), "+f"(d[kOff + 24][3]), "+f"(d[kOff + 25][0]), "+f"(d[kOff + 25][1]), "+f"(d[kOff + 25][2]), "+f"(d[kOff + 25][3]), "+f"(d[kOff + 26][0]), "+f"(d[kOff + 26][1]), "+f"(d[kOff + 26][2]), "+f"(d[kOff + 26][3]), "+f"(d[kOff + 27][0]), "+f"(d[kOff + 27][1]), "+f"(d[kOff + 27][2]), "+f"(d[kOff + 27][3]), "+f"(d[kOff + 28][0]), "+f"(d[kOff + 28][1]), "+f"(d[kOff + 28][2]), "+f"(d[kOff + 28][3]), "+f"(d[kOff + 29][0]), "+f"(d[kOff + 29][1]), "+f"(d[kOff + 29][2]), "+f"(d[kOff + 29][3]), "+f"(d[kOff + 30][0]), "+f"(d[kOff + 30][1]), "+f"(d[kOff + 30][2]), "+f"(d[kOff + 30][3]), "+f"(d[kOff + 31][0]), "+f"(d[kOff + 31][1]), "+f"(d[kOff + 31][2]), "+f"(d[kOff + 31][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
 // S(64 x kN) (+)= Q K^T for one k step: the ss wrapper of width kN.
 template <int kN, class Elem, int kT>
 __device__ __forceinline__ void ss_qk(float (&d)[kT][4], u64 desc_a, u64 desc_b, int scale_d, Elem e) {
@@ -134,6 +201,16 @@ __device__ __forceinline__ void ss_qk(float (&d)[kT][4], u64 desc_a, u64 desc_b,
   else if constexpr (kN == 128) ss_m64n128k16<0>(d, desc_a, desc_b, scale_d, e);
   else if constexpr (kN == 176) ss_m64n176k16<0>(d, desc_a, desc_b, scale_d, e);
   else static_assert(kN < 0, "tools/gen_wgmma.py: no ss wrapper of this width (SHAPES)");
+}
+
+// O(64 x kN) (+)= P V for one k step, from n8 tile kOff: the rs wrapper of width kN.
+template <int kN, int kOff, class Elem, int kT>
+__device__ __forceinline__ void rs_pv(float (&d)[kT][4], const u32 (&a)[4], u64 desc_b, int scale_d, Elem e) {
+  if constexpr (kN == 64) rs_m64n64k16<kOff>(d, a, desc_b, scale_d, e);
+  else if constexpr (kN == 128) rs_m64n128k16<kOff>(d, a, desc_b, scale_d, e);
+  else if constexpr (kN == 192) rs_m64n192k16<kOff>(d, a, desc_b, scale_d, e);
+  else if constexpr (kN == 256) rs_m64n256k16<kOff>(d, a, desc_b, scale_d, e);
+  else static_assert(kN < 0, "tools/gen_wgmma.py: no rs wrapper of this width (SHAPES)");
 }
 
 }  // namespace wgmma
