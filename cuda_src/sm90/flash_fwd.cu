@@ -583,12 +583,12 @@ __device__ __forceinline__ void issue_pv(float (&acc_o)[1][Tr::kDTiles][4],
       wgmma::rs_pv<64 * Tr::kDBlocks, 0>(acc_o[0], pa[kk],
                                          wgmma::desc_mn_major<Tr::kBlockN>(v_tile, kk, 0), scale_d,
                                          Elem{});
-      continue;
+    } else {
+      pv_block<Tr, Elem, 0>(acc_o, pa[kk], v_tile, kk, scale_d);
+      pv_block<Tr, Elem, 1>(acc_o, pa[kk], v_tile, kk, scale_d);
+      pv_block<Tr, Elem, 2>(acc_o, pa[kk], v_tile, kk, scale_d);
+      pv_block<Tr, Elem, 3>(acc_o, pa[kk], v_tile, kk, scale_d);
     }
-    pv_block<Tr, Elem, 0>(acc_o, pa[kk], v_tile, kk, scale_d);
-    pv_block<Tr, Elem, 1>(acc_o, pa[kk], v_tile, kk, scale_d);
-    pv_block<Tr, Elem, 2>(acc_o, pa[kk], v_tile, kk, scale_d);
-    pv_block<Tr, Elem, 3>(acc_o, pa[kk], v_tile, kk, scale_d);
   }
 }
 

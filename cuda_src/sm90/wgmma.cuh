@@ -49,34 +49,29 @@ __device__ __forceinline__ u64 desc_sw128(u32 smem_addr, u32 lbo_bytes, u32 sbo_
 #define FA_SM90_DESC_ADD 0
 #endif
 
-// The descriptor of `tile + offset` as the tile's low word plus offset >> 4, added in 32 bits
-// (the field cannot carry, see above; a 64-bit add cost an IMAD.X per descriptor).
-__device__ __forceinline__ u64 desc_sw128_plus(u32 tile, u32 offset, u32 lbo_bytes, u32 sbo_bytes) {
-  const u32 lo = (((tile & 0x3FFFF) >> 4) | ((lbo_bytes >> 4) << 16)) + (offset >> 4);
-  const u32 hi = (sbo_bytes >> 4) | (1u << 30);
-  return ((u64)hi << 32) | lo;
+// The descriptor of `tile + offset`: the one place FA_SM90_DESC_ADD chooses how.  With it, the
+// tile's descriptor plus offset >> 4 added to the low word in 32 bits (the field cannot carry,
+// see above; a 64-bit add cost an IMAD.X per descriptor).
+__device__ __forceinline__ u64 desc_sw128_at(u32 tile, u32 offset, u32 lbo_bytes, u32 sbo_bytes) {
+#if FA_SM90_DESC_ADD
+  const u64 d = desc_sw128(tile, lbo_bytes, sbo_bytes);
+  return (d & 0xFFFFFFFF00000000ull) | (u32)((u32)d + (offset >> 4));
+#else
+  return desc_sw128(tile + offset, lbo_bytes, sbo_bytes);
+#endif
 }
 
 // K-major operand: k step kk of a [rows][D] tile at `tile`.
 template <int kRows>
 __device__ __forceinline__ u64 desc_k_major(u32 tile, int kk) {
-  const u32 offset = (kk >> 2) * (kRows * kSwizzleRowBytes) + (kk & 3) * 32;
-#if FA_SM90_DESC_ADD
-  return desc_sw128_plus(tile, offset, 16, 1024);
-#else
-  return desc_sw128(tile + offset, 16, 1024);
-#endif
+  return desc_sw128_at(tile, (kk >> 2) * (kRows * kSwizzleRowBytes) + (kk & 3) * 32, 16, 1024);
 }
 
 // MN-major operand: keys 16 kk .. 16 kk + 15, d columns of block db, of a [rows][D] tile.
 template <int kRows>
 __device__ __forceinline__ u64 desc_mn_major(u32 tile, int kk, int db) {
-  const u32 offset = db * (kRows * kSwizzleRowBytes) + kk * 16 * kSwizzleRowBytes;
-#if FA_SM90_DESC_ADD
-  return desc_sw128_plus(tile, offset, kRows * kSwizzleRowBytes, 1024);
-#else
-  return desc_sw128(tile + offset, kRows * kSwizzleRowBytes, 1024);
-#endif
+  return desc_sw128_at(tile, db * (kRows * kSwizzleRowBytes) + kk * 16 * kSwizzleRowBytes,
+                       kRows * kSwizzleRowBytes, 1024);
 }
 
 // Before the first wgmma of a batch: orders the warpgroup's earlier register writes
