@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Warp instructions executed per SASS opcode of the sm90 prefill kernel (Nsight Compute's
 # sass__inst_executed_per_opcode, 4th launch of tools/ncu_case.py, clocks left alone), one
-# case per entry of $CASES -- "D,S,causal,page[,defines]" with defines as NAME=V+NAME=V (the
-# kernel switches of $CUPY_FLASHATTN_SM90_DEFINES, '+' for ',') -- then a table of every
+# case per entry of $CASES -- "D,S,causal,page[,defines[,torch]]" with defines as NAME=V+NAME=V
+# (the kernel switches of $CUPY_FLASHATTN_SM90_DEFINES, '+' for ',') and torch "cudnn" or
+# "flash" for that SDPA backend's kernel on the same case instead of ours -- then a table of every
 # case's counts side by side (millions; the first case is the baseline of the diff column).
 #   OUT=$OUT CASES="128,2048,0,0;128,2048,0,0,FA_SM90_PV_WIDE=1" bash tools/ncu_opcodes.sh
 set -u
@@ -12,16 +13,17 @@ command -v ncu >/dev/null || { echo "ncu not found"; exit 1; }
 IFS=';' read -ra CS <<< "${CASES:-128,2048,0,0;256,4096,1,0;256,4096,1,16}"
 files=()
 for c in "${CS[@]}"; do
-  IFS=',' read -r d s causal page defs <<< "$c"
-  defs=${defs:-}; defs=${defs//+/,}
+  IFS=',' read -r d s causal page defs torch <<< "$c"
+  defs=${defs:-}; defs=${defs//+/,}; torch=${torch:-}
   tag="d${d}_s${s}_c${causal}_p${page}$( [ -n "$defs" ] && echo "_$(echo "$defs" | tr -c 'A-Za-z0-9\n' '_')")"
+  tag="$tag$( [ -n "$torch" ] && echo "_torch_$torch")"
   stamp "ncu opcodes $tag"
   CUPY_FLASHATTN_SM90_DEFINES="$defs" CUPY_CACHE_DIR="/tmp/fa_cache_ops_$(echo "$defs" | tr -c 'A-Za-z0-9\n' '_')" \
     timeout "${NCU_TIMEOUT:-150}" ncu --clock-control none --target-processes all \
-    --kernel-name regex:fa_fwd_sm90 --launch-skip 3 --launch-count 1 \
+    --kernel-name 'regex:fa_fwd_sm90|sdpa|flash_fwd' --launch-skip 3 --launch-count 1 \
     --metrics sass__inst_executed_per_opcode,gpu__time_duration.sum --print-metric-instances details \
     python3 tools/ncu_case.py --d "$d" --s "$s" --paged "$page" $([ "$causal" = 1 ] && echo --causal) \
-    > "$OUT/ops_$tag.txt" 2>&1
+    $([ -n "$torch" ] && echo --torch "$torch") > "$OUT/ops_$tag.txt" 2>&1
   files+=("$OUT/ops_$tag.txt")
 done
 python3 - "${files[@]}" <<'PY'
