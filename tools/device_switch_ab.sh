@@ -10,7 +10,8 @@
 #     bash tools/device_switch_ab.sh
 # SETS: ";"-separated switch sets (a set may hold several, comma-separated); ROWS: quickbench
 # rows (default: issue 12's S = 2k rows and D = 128 S = 8k); ROUNDS (default 2); PAGED (quickbench
-# --paged, default 16); SKIP_TESTS=1 times only.  Logs: $OUT/tests/, $OUT/qb_<set>_<round>.txt;
+# --paged, default 16); SKIP_TESTS=1 times only; PRECOMPILE_ONLY (precompile_parallel.py --only)
+# builds each set's kernels in parallel first.  Logs: $OUT/tests/, $OUT/qb_<set>_<round>.txt;
 # prints each shard's summary and a table of TFLOP/s per row and set.
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -26,6 +27,15 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     SERIAL= PYTEST_TIMEOUT=${PYTEST_TIMEOUT:-240} \
     TESTS="tests/gpu/test_gpu_kernels.py tests/gpu/test_gpu_property.py tests/gpu/test_gpu_nan.py tests/gpu/test_gpu_mixed.py tests/gpu/test_gpu_api.py tests/gpu/test_sm90_edges.py tests/gpu/test_sm90_persistent.py tests/gpu/test_decode_sm90.py tests/gpu/test_gpu_precise.py tests/gpu/test_gpu_empty.py" \
     bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 12
+fi
+if [ -n "${PRECOMPILE_ONLY:-}" ]; then  # e.g. sm90_bf16_d64,sm90_bf16_d128: every set's kernels, in parallel
+  for s in default "${SET_LIST[@]}"; do
+    defs=$s; [ "$s" = default ] && defs=
+    tag=$(echo "$s" | tr -c 'A-Za-z0-9\n' '_')
+    stamp "precompile $s"
+    CUPY_FLASHATTN_SM90_DEFINES="$defs" CUPY_CACHE_DIR="/tmp/fa_cache_$tag" timeout 200 \
+      python3 tools/precompile_parallel.py --jobs 15 --no-decode --only "$PRECOMPILE_ONLY" 2>&1 | tail -n 1
+  done
 fi
 for ((r = 1; r <= ${ROUNDS:-2}; r++)); do
   for s in default "${SET_LIST[@]}"; do

@@ -2,7 +2,7 @@
 that a device run's tests and benchmarks start with a warm kernel cache ($CUPY_CACHE_DIR).
 Used by tools/device_quick.sh and tools/device_verify.sh.
 
-    PYTHONPATH=. python3 tools/precompile_parallel.py [--jobs 14] [--only _split,_d256]
+    PYTHONPATH=. python3 tools/precompile_parallel.py [--jobs 14] [--only _split,_d256] [--no-decode]
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ def main(argv=None):
     ap.add_argument("--only", default="",
                     help="comma list: only the prefill kernels whose name contains one of these "
                          "(e.g. _split,_d256), with the decode kernels")
+    ap.add_argument("--no-decode", action="store_true", help="the prefill kernels only")
     args = ap.parse_args(argv)
     only = [x for x in args.only.split(",") if x]
     from cupy_flashattn._cuda import compile as cc
@@ -53,7 +54,7 @@ def main(argv=None):
         # Every field (wide, split included): KernelKey(*fields) rebuilds the very key.
         keys = [dataclasses.astuple(k) for k in shipped]
         futures = [ex.submit(_prefill, k) for k in keys]
-        n = ex.submit(_decode, 0).result()
+        n = 0 if args.no_decode else ex.submit(_decode, 0).result()
         for f in futures:
             f.result()
     print(f"precompiled {len(keys)} prefill + {n} decode kernels")
