@@ -28,14 +28,17 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     TESTS="tests/gpu/test_gpu_kernels.py tests/gpu/test_gpu_property.py tests/gpu/test_gpu_nan.py tests/gpu/test_gpu_mixed.py tests/gpu/test_gpu_api.py tests/gpu/test_sm90_edges.py tests/gpu/test_sm90_persistent.py tests/gpu/test_decode_sm90.py tests/gpu/test_gpu_precise.py tests/gpu/test_gpu_empty.py" \
     bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 12
 fi
-if [ -n "${PRECOMPILE_ONLY:-}" ]; then  # e.g. sm90_bf16_d64,sm90_bf16_d128: every set's kernels, in parallel
+if [ -n "${PRECOMPILE_ONLY:-}" ]; then  # e.g. 'fa_fwd_sm90_bf16_d64$,_d128_paged': every set's at once
+  stamp "precompile $PRECOMPILE_ONLY for every set"
   for s in default "${SET_LIST[@]}"; do
     defs=$s; [ "$s" = default ] && defs=
     tag=$(echo "$s" | tr -c 'A-Za-z0-9\n' '_')
-    stamp "precompile $s"
-    CUPY_FLASHATTN_SM90_DEFINES="$defs" CUPY_CACHE_DIR="/tmp/fa_cache_$tag" timeout 200 \
-      python3 tools/precompile_parallel.py --jobs 15 --no-decode --only "$PRECOMPILE_ONLY" 2>&1 | tail -n 1
+    CUPY_FLASHATTN_SM90_DEFINES="$defs" CUPY_CACHE_DIR="/tmp/fa_cache_$tag" timeout 240 \
+      python3 tools/precompile_parallel.py --jobs "${PRECOMPILE_JOBS:-4}" --no-decode \
+      --only "$PRECOMPILE_ONLY" > "$OUT/precompile_$tag.txt" 2>&1 &
   done
+  wait
+  stamp "precompiled: $(cat "$OUT"/precompile_*.txt | grep -c precompiled) sets"
 fi
 for ((r = 1; r <= ${ROUNDS:-2}; r++)); do
   for s in default "${SET_LIST[@]}"; do

@@ -39,7 +39,7 @@ def main(argv=None):
     ap.add_argument("--jobs", type=int, default=14)
     ap.add_argument("--only", default="",
                     help="comma list: only the prefill kernels whose name contains one of these "
-                         "(e.g. _split,_d256), with the decode kernels")
+                         "(e.g. _split,_d256; NAME$: that name exactly), with the decode kernels")
     ap.add_argument("--no-decode", action="store_true", help="the prefill kernels only")
     args = ap.parse_args(argv)
     only = [x for x in args.only.split(",") if x]
@@ -50,7 +50,8 @@ def main(argv=None):
         archs = ["sm80", "sm90"] if ex.submit(_device_cc).result() == 90 else ["sm80"]
         shipped = [k for a in archs for k in cc.shipped_keys(a)] + cc.shipped_precise_keys()
         if only:
-            shipped = [k for k in shipped if any(x in k.name for x in only)]
+            shipped = [k for k in shipped
+                       if any(k.name == x[:-1] if x.endswith("$") else x in k.name for x in only)]
         # Every field (wide, split included): KernelKey(*fields) rebuilds the very key.
         keys = [dataclasses.astuple(k) for k in shipped]
         futures = [ex.submit(_prefill, k) for k in keys]
