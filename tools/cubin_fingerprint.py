@@ -68,8 +68,13 @@ def modules(arch):
     yield "rope_append", dc.rope_source()
 
 
+def _sm90_keys() -> list:
+    """Every shipped sm_90a kernel: the 16-bit family and the float32 (planes) one."""
+    return cc.shipped_keys("sm90") + cc.shipped_sm90_f32_keys()
+
+
 def _key_hash(key_name: str) -> str:
-    key = next(k for k in cc.shipped_keys("sm90") if k.name == key_name)
+    key = next(k for k in _sm90_keys() if k.name == key_name)
     cubin, _ = cc.compile_for_arch(cc.kernel_source([key]), "90a", verbose=False,
                                    extra_options=cc._tuning_defines())
     return (f"sm_90a {key.name:40s} {hashlib.sha256(cubin).hexdigest()} {len(cubin)} "
@@ -79,13 +84,14 @@ def _key_hash(key_name: str) -> str:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", nargs="+", default=["80", "90", "90a"])
-    ap.add_argument("--per-key", action="store_true", help="sm90: one line per shipped key")
+    ap.add_argument("--per-key", action="store_true",
+                    help="sm90: one line per shipped key (float32 planes keys included)")
     args = ap.parse_args(argv)
     if args.per_key:
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(os.cpu_count()) as ex:
-            for line in ex.map(_key_hash, [k.name for k in cc.shipped_keys("sm90")]):
+            for line in ex.map(_key_hash, [k.name for k in _sm90_keys()]):
                 print(line, flush=True)
         return
     for arch in args.arch:

@@ -303,7 +303,7 @@ __device__ __forceinline__ void producer_paged_gather(const FwdParams& p, const 
   for (int n_block = n_max - 1; n_block >= n_min; --n_block, ++it) {
     const int s = it % Tr::kStages, phase = (it / Tr::kStages) & 1;
     const int* ids = sm.ids + s * Tr::kBlockN;
-    pipe::bar_wait(sm.k_empty(s), phase ^ 1);  // the consumers are done with round it - kStages
+    pipe::bar_wait<Tr::kWaitHintNs>(sm.k_empty(s), phase ^ 1);  // the consumers are done with round it - kStages
     PageIds<Tr>::publish(p, si, sm, s, n_block, t, id, true);
     if (n_block > n_min) id = PageIds<Tr>::fetch(si, n_block - 1, t);  // lands under this tile
 #if FA_SM90_DIAG_NO_LOADS  // diagnostic (wrong results): only the first ring round is loaded
@@ -313,7 +313,7 @@ __device__ __forceinline__ void producer_paged_gather(const FwdParams& p, const 
     cp_async_commit();
     // Pending now: [V(it - 1)], K(it).
     if (n_block != n_max - 1) producer_signal<1>(sm.v_full((it - 1) % Tr::kStages));
-    pipe::bar_wait(sm.v_empty(s), phase ^ 1);
+    pipe::bar_wait<Tr::kWaitHintNs>(sm.v_empty(s), phase ^ 1);
 #if FA_SM90_DIAG_NO_LOADS
     if (it < Tr::kStages)
 #endif
@@ -460,7 +460,7 @@ __device__ __forceinline__ void producer_tma(const FwdParams& p, const Sm90Tile&
     const bool whole = bounded || (n_block + 1) * Tr::kBlockN <= si.len_k;
     const int row = Is_paged ? 0 : row0 + n_block * Tr::kBlockN;  // dense: the tile's row
     const int* ids = Is_paged ? sm.ids + s * Tr::kBlockN : nullptr;     // paged: its page ids
-    pipe::bar_wait(sm.k_empty(s), phase ^ 1);
+    pipe::bar_wait<Tr::kWaitHintNs>(sm.k_empty(s), phase ^ 1);
 #if FA_SM90_DIAG_NO_LOADS  // diagnostic (wrong results): only the first ring round is loaded
     if (it >= Tr::kStages && whole) {
       if (Is_paged && FA_SM90_DIAG_NO_LOADS < 2) {  // 2: no page-id reads / stores either
@@ -468,7 +468,7 @@ __device__ __forceinline__ void producer_tma(const FwdParams& p, const Sm90Tile&
         if (n_block > n_min) id = PageIds<Tr>::fetch(si, n_block - 1, t);
       }
       pipe::bar_arrive(sm.k_full(s));
-      pipe::bar_wait(sm.v_empty(s), phase ^ 1);
+      pipe::bar_wait<Tr::kWaitHintNs>(sm.v_empty(s), phase ^ 1);
       pipe::bar_arrive(sm.v_full(s));
       continue;
     }
@@ -484,7 +484,7 @@ __device__ __forceinline__ void producer_tma(const FwdParams& p, const Sm90Tile&
       cp_async_commit();
       producer_signal<0>(sm.k_full(s));
     }
-    pipe::bar_wait(sm.v_empty(s), phase ^ 1);
+    pipe::bar_wait<Tr::kWaitHintNs>(sm.v_empty(s), phase ^ 1);
     if (whole) {
       tma_kv_tile<Tr, Is_paged>(sm.v(s), maps.v, own_page_id<Tr>(ids, t), hk, row, slot, n_block, p.page_size, sm.v_full(s), t);
     } else {
@@ -549,7 +549,7 @@ template <class Tr, class Elem, int kDb>
 __device__ __forceinline__ void pv_block(float (&acc_o)[1][Tr::kDTiles][4], const u32 (&pa)[4],
                                          u32 v_tile, int kk, int scale_d = 1) {
   if constexpr (kDb < Tr::kDBlocks) {
-    wgmma::rs_m64n64k16<8 * kDb>(acc_o[0], pa, wgmma::desc_mn_major<Tr::kBlockN>(v_tile, kk, kDb),
+    wgmma::rs_m64n64k16<8 * kDb>(acc_o[0], pa, wgmma::desc_mn_major<Tr::kBlockN, Tr::kDescAdd>(v_tile, kk, kDb),
                                  scale_d, Elem{});
   }
 }
@@ -562,8 +562,8 @@ __device__ __forceinline__ void issue_qk(float (&sacc)[1][Tr::kNTiles][4], u32 q
                                          bool accumulate = false) {
 #pragma unroll
   for (int kk = kFirst; kk < kLast; ++kk) {
-    const u64 da = wgmma::desc_k_major<Tr::kBlockM>(q_tile, kk);
-    const u64 db = wgmma::desc_k_major<Tr::kBlockN>(k_tile, kk);
+    const u64 da = wgmma::desc_k_major<Tr::kBlockM, Tr::kDescAdd>(q_tile, kk);
+    const u64 db = wgmma::desc_k_major<Tr::kBlockN, Tr::kDescAdd>(k_tile, kk);
     wgmma::ss_qk<Tr::kBlockN>(sacc[0], da, db, accumulate || kk > kFirst, Elem{});
   }
 }
@@ -581,7 +581,7 @@ __device__ __forceinline__ void issue_pv(float (&acc_o)[1][Tr::kDTiles][4],
       // Every column block of O in one wgmma (N = D); the V descriptor's leading byte offset
       // (rows * 128 bytes, wgmma.cuh desc_mn_major) steps from block to block.
       wgmma::rs_pv<64 * Tr::kDBlocks, 0>(acc_o[0], pa[kk],
-                                         wgmma::desc_mn_major<Tr::kBlockN>(v_tile, kk, 0), scale_d,
+                                         wgmma::desc_mn_major<Tr::kBlockN, Tr::kDescAdd>(v_tile, kk, 0), scale_d,
                                          Elem{});
     } else {
       pv_block<Tr, Elem, 0>(acc_o, pa[kk], v_tile, kk, scale_d);
@@ -664,7 +664,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
   constexpr bool kPingPong = uses_pingpong<Tr, Is_paged, Has_transform, Is_split>();
   // FA_SM90_PV_WIDE: not in the split (decode) kernels -- the D = 128 paged one spilled 8
   // bytes with it, and a decode step is bound by its K / V bytes, not by its wgmma count.
-  constexpr bool kWidePv = FA_SM90_PV_WIDE && !Is_split;
+  constexpr bool kWidePv = Tr::kPvWide && !Is_split;
   const int warp = ctid >> 5, lane = ctid & 31;
   const int wg_first = m0 + Tr::kWgRows * cw;  // first sequence row of this warpgroup
   const int wg_rows = imin(Tr::kWgRows, rows_valid - Tr::kWgRows * cw);  // may be <= 0
@@ -689,7 +689,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
   zero_fragments(acc_o);
   OnlineSoftmax<1, Math> softmax;
   softmax.init();
-  pipe::bar_wait(sm.q_full(), tq & 1);
+  pipe::bar_wait<Tr::kWaitHintNs>(sm.q_full(), tq & 1);
 
   if (n_max > n_min) {
     const Mask<Is_paged> mask(p, si.len_k, shift, bidb);
@@ -725,9 +725,9 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
     auto skip_tiles = [&](int hi, int lo) {
       for (int n_block = hi - 1; n_block >= lo; --n_block) {
         const int s = stage_of(n_block), phase = phase_of(n_block);
-        pipe::bar_wait(sm.k_full(s), phase);
+        pipe::bar_wait<Tr::kWaitHintNs>(sm.k_full(s), phase);
         pipe::bar_arrive(sm.k_empty(s));
-        pipe::bar_wait(sm.v_full(s), phase);
+        pipe::bar_wait<Tr::kWaitHintNs>(sm.v_full(s), phase);
         pipe::bar_arrive(sm.v_empty(s));
       }
     };
@@ -796,7 +796,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
       if constexpr (kPingPong) pipe::named_arrive(2 - cw, 256);
     };
     auto issue_s = [&](int n_block) {
-      pipe::bar_wait(sm.k_full(stage_of(n_block)), phase_of(n_block));
+      pipe::bar_wait<Tr::kWaitHintNs>(sm.k_full(stage_of(n_block)), phase_of(n_block));
       // Paged (FA_SM90_FLAG_WORD, the default): the stage's absent-page flags (the four producer
       // warps' bytes, valid once FULL completed) read here, so the load's latency is not on the
       // path from the wait for S to the softmax.
@@ -819,7 +819,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
       wgmma::commit();
     };
     auto issue_o = [&](int n_block) {  // O += P V of tile n_block
-      pipe::bar_wait(sm.v_full(stage_of(n_block)), phase_of(n_block));
+      pipe::bar_wait<Tr::kWaitHintNs>(sm.v_full(stage_of(n_block)), phase_of(n_block));
       wgmma::fence();
       const u32 v_tile = sm.v(stage_of(n_block));
       if constexpr (kF32) {  // into the fresh acc_t, the small terms first
@@ -1013,7 +1013,7 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
     pipe::regs_dealloc<Tr::kProducerRegs>();
     int it = 0, tq = 0;
     for (;;) {
-      const int i = sched.next(num_tiles, tile_counter, sm.sched_bars(), sm.sched_slots, tidx == 0);
+      const int i = sched.template next<Tr::kWaitHintNs>(num_tiles, tile_counter, sm.sched_bars(), sm.sched_slots, tidx == 0);
       if (i < 0) break;
       Sm90Tile w;
       // Dynamic: the claimer posts the sequence's rows for the consumers.
@@ -1032,7 +1032,7 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
       // key tile ahead (PageIds).
       int id = 0;
       if constexpr (Is_paged) id = w.n_max > w.n_min ? PageIds<Tr>::fetch(w.si, w.n_max - 1, tidx) : -1;
-      pipe::bar_wait(sm.q_empty(), (tq & 1) ^ 1);  // the consumers are done with the last Q
+      pipe::bar_wait<Tr::kWaitHintNs>(sm.q_empty(), (tq & 1) ^ 1);  // the consumers are done with the last Q
       ++tq;
       if (w.n_max <= w.n_min) {  // no key to load: O = 0, LSE = +inf
         pipe::bar_arrive(sm.q_full());
@@ -1057,13 +1057,13 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
     for (;;) {
       Sm90Tile w;
       if (tile_counter == nullptr) {  // static: every thread walks the rounds itself
-        const int i = sched.next(num_tiles, nullptr, 0, 0, false);
+        const int i = sched.template next<Tr::kWaitHintNs>(num_tiles, nullptr, 0, 0, false);
         if (i < 0) break;
         if (i >= num_tiles || !tile_at<Tr, Is_paged, Is_split>(p, i, w, nullptr, {}, num_splits))
           continue;
       } else {  // dynamic: the claim, with the rows the producer resolved
         u32 lens[4];
-        const int i = sched.read_post(lens, sm.sched_bars(), sm.sched_slots);
+        const int i = sched.template read_post<Tr::kWaitHintNs>(lens, sm.sched_bars(), sm.sched_slots);
         if (i < 0) break;
         if (!tile_at<Tr, Is_paged, Is_split>(p, i, w, &lens, {}, num_splits)) continue;
       }

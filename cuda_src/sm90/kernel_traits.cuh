@@ -64,23 +64,46 @@
 #ifndef FA_SM90_BLOCKN_256
 #define FA_SM90_BLOCKN_256 80
 #endif
-// O += P V as one wgmma per 16 keys over all of O's 64-column blocks (N = D: 128 / 192 / 256;
-// the V descriptor's leading byte offset steps between the blocks) instead of one N = 64 wgmma
-// per block.  Off until device-verified.  Why (stop 46, ncu, H100, D = 128 S = 2k): our kernel
-// executes 6.3 M HGMMA against cuDNN's 4.2 M for the same products, and every N = 64 P V
-// wgmma rebuilds its V descriptor with four uniform-datapath instructions (ULOP3 / USHF /
-// UIADD3) and a UMOV -- 14 M ULOP3 and 7.4 M USHF of our 200 M warp instructions, ~0 in cuDNN's.
+// Three trims of the issue slots the consumers spend besides the math, from stop 46's Nsight
+// Compute comparison with cuDNN (H100, bf16 D = 128 S = 2k: our kernel 200 M warp
+// instructions, cuDNN's 158 M for the same products), each applied where Sm90FwdTraitsBase says
+// (kWaitHintNs, kDescAdd, kPvWide: head dims above 64):
+//  - FA_SM90_WAIT_HINT_NS (sm90/pipeline.cuh bar_try_wait): try_wait's suspend-time hint, here
+//    CUTLASS's 10 ms (until the phase completes).  Without it each wait retried ~6 times: 7.3 M
+//    SYNCS with 7.8 M BRA and 6.0 M YIELD around them, against cuDNN's 1.2 M SYNCS.
+//  - FA_SM90_DESC_ADD (sm90/wgmma.cuh desc_sw128_at): a step's wgmma descriptor as the tile's
+//    plus an offset instead of rebuilt from its address (14 M ULOP3 and 7.4 M USHF, ~0 in
+//    cuDNN's).
+//  - FA_SM90_PV_WIDE (flash_fwd.cu issue_pv): O += P V as one wgmma of N = D per 16 keys
+//    instead of one N = 64 wgmma per 64-column block (6.3 M HGMMA against cuDNN's 4.2 M), the V
+//    descriptor's leading byte offset stepping between the blocks; not in the split kernels
+//    (the D = 128 paged one spilled 8 bytes with it).
+// Measured together (stop 47, H100, quickbench TFLOP/s, bf16, two rounds, default -> on): D = 128
+// S = 2k 606-608 -> 615-616, S = 8k 679-689 -> 695-698, D = 256 S = 2k 640 -> 651-653; but
+// D = 64 S = 2k 414-420 -> 394-397 and causal 335-341 -> 324, so D = 64 keeps the old forms
+// (which of the two that act there -- the hint or the descriptors -- costs it, is not measured).
+#ifndef FA_SM90_WAIT_HINT_NS
+#define FA_SM90_WAIT_HINT_NS 10000000
+#endif
+#ifndef FA_SM90_DESC_ADD
+#define FA_SM90_DESC_ADD 1
+#endif
 #ifndef FA_SM90_PV_WIDE
-#define FA_SM90_PV_WIDE 0
+#define FA_SM90_PV_WIDE 1
 #endif
 // Every FA_SM90_EXP_POLY-th n8 tile of S takes its exponentials on the FMA pipe (common.cuh
-// exp2_poly; 0: all on MUFU) in the kernels of head dims <= FA_SM90_EXP_POLY_MAX_D.  Off until
-// device-measured.  Why: at D = 64 a tile's exponentials occupy MUFU as long as its products
+// exp2_poly; 0: all on MUFU) in the kernels of head dims <= FA_SM90_EXP_POLY_MAX_D.  Off: it
+// measured +1.5%, not the predicted 4-8% (below), and only on top of the issue-slot trims,
+// which D = 64 no longer takes.  Why: at D = 64 a tile's exponentials occupy MUFU as long as its products
 // occupy the tensor cores (8192 per warpgroup and 128-key tile at 16 per clock per SM: 512
 // clocks, the same as the other warpgroup's Q K^T + P V), so ping-pong hides one warpgroup's
 // softmax only if nothing else is on its path; D = 64 S = 2k causal ran 0.88x of cuDNN (stop 46).
 // Prediction for 4 (a quarter of the values: per value and warp ~6 MUFU clocks and ~6.8 issue
 // slots instead of 8 and 4.5): the softmax phase 10-15% shorter, D = 64 +4-8%; nothing at D >= 128.
+// Measured (stop 47, H100, quickbench TFLOP/s, bf16, with the three trims above on at every D,
+// two rounds): D = 64 S = 2k 394-397 -> 400, causal 324 -> 329; D >= 128 unchanged (as built:
+// the switch leaves their code alone).  The sm90 GPU tests passed with it on (stop 47), all
+// but exp2_poly's own test at its -126 edge, since moved to -125 (common.cuh).
 #ifndef FA_SM90_EXP_POLY
 #define FA_SM90_EXP_POLY 0
 #endif
@@ -144,6 +167,11 @@ struct Sm90FwdTraitsBase {
   static constexpr bool kSplitDirectOut = kHeadDim <= 192;
 
   static constexpr int kNTiles = kBlockN / 8;    // n8 tiles of S per row
+  // The issue-slot trims above (FA_SM90_WAIT_HINT_NS, FA_SM90_DESC_ADD, FA_SM90_PV_WIDE): on
+  // above D = 64, where they measured faster; D = 64 measured slower with them.
+  static constexpr int kWaitHintNs = kHeadDim > 64 ? FA_SM90_WAIT_HINT_NS : 0;
+  static constexpr bool kDescAdd = kHeadDim > 64 && FA_SM90_DESC_ADD;
+  static constexpr bool kPvWide = kHeadDim > 64 && FA_SM90_PV_WIDE;
   // OnlineSoftmax::to_probabilities' kPolyPeriod (16-bit kernels; FA_SM90_EXP_POLY above).
   static constexpr int kExpPolyPeriod =
       kPlanes == 1 && kHeadDim <= FA_SM90_EXP_POLY_MAX_D ? FA_SM90_EXP_POLY : 0;

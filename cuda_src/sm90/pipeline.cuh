@@ -18,40 +18,35 @@ __device__ __forceinline__ void bar_init(u32 bar, int count) {
 __device__ __forceinline__ void bar_arrive(u32 bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
-// FA_SM90_WAIT_HINT_NS > 0 (off by default until device-verified): try_wait's suspendTimeHint,
-// the most nanoseconds a waiting thread stays suspended before try_wait returns false.  Without
-// it the limit is the hardware's own and short: Nsight Compute (stop 46, H100, D = 128 S = 2k)
-// counted 7.3 M SYNCS (the try_wait) with 7.8 M BRA and 6.0 M YIELD around them -- each wait
-// retried ~6 times, ~20 M of the kernel's 200 M warp instructions spent polling, on the
-// schedulers the softmax warps issue from (cuDNN's kernel: 1.2 M SYNCS).  CUTLASS passes
-// 0x989680 (10 ms, i.e. until the phase completes) in its pipeline barriers.
-#ifndef FA_SM90_WAIT_HINT_NS
-#define FA_SM90_WAIT_HINT_NS 0
-#endif
-
+// kHintNs > 0: try_wait's suspendTimeHint, the most nanoseconds a waiting thread stays
+// suspended before try_wait returns false; 0: the hardware's own limit, which is short.  The
+// kernels pass Sm90FwdTraits::kWaitHintNs (kernel_traits.cuh FA_SM90_WAIT_HINT_NS: why, and
+// where it is on).
+template <int kHintNs = 0>
 __device__ __forceinline__ bool bar_try_wait(u32 bar, int parity) {
   u32 ok;
-#if FA_SM90_WAIT_HINT_NS > 0
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(ok)
-      : "r"(bar), "r"(parity), "n"(FA_SM90_WAIT_HINT_NS)
-      : "memory");
-#else
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(ok)
-      : "r"(bar), "r"(parity)
-      : "memory");
-#endif
+  if constexpr (kHintNs > 0) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(ok)
+        : "r"(bar), "r"(parity), "n"(kHintNs)
+        : "memory");
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(ok)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  }
   return ok != 0;
 }
 // Blocks until phase `parity` of the barrier has completed (try_wait suspends in hardware for
-// a while before it returns false: the hardware's limit, or FA_SM90_WAIT_HINT_NS).
+// a while before it returns false: the hardware's limit, or kHintNs).
+template <int kHintNs = 0>
 __device__ __forceinline__ void bar_wait(u32 bar, int parity) {
-  while (!bar_try_wait(bar, parity)) {
+  while (!bar_try_wait<kHintNs>(bar, parity)) {
   }
 }
 

@@ -65,6 +65,8 @@ struct TileScheduler {
   // `counter`: the dynamic schedule's counter or null (static); `bars` / `slots`: shared-memory
   // addresses of the mailbox's mbarriers and two ints; `claimer`: thread 0 of the producer.
   // Dynamic: the producer's threads only (the consumers read_post); the claimer then posts.
+  // kHintNs: the kernel's mbarrier wait hint (Sm90FwdTraits::kWaitHintNs), as read_post's.
+  template <int kHintNs>
   __device__ __forceinline__ int next(int num_tiles, int* counter, u32 bars, u32 slots,
                                       bool claimer) {
     const int grid = (int)gridDim.x;
@@ -78,7 +80,7 @@ struct TileScheduler {
     ++step;
     int i;
     if (claimer) {
-      pipe::bar_wait(empty, phase ^ 1);  // every thread has read the claim posted 2 steps ago
+      pipe::bar_wait<kHintNs>(empty, phase ^ 1);  // every thread has read the claim posted 2 steps ago
       i = step == 1 ? (int)blockIdx.x : grid + atomicAdd(counter, 1);
       if (i >= num_tiles) i = -1;
       st_shared_b32(box, (u32)i);
@@ -88,7 +90,7 @@ struct TileScheduler {
         retire(counter);
       }
     } else {
-      pipe::bar_wait(full, phase);
+      pipe::bar_wait<kHintNs>(full, phase);
       i = (int)ld_shared_b32(box);
     }
     pipe::bar_arrive(empty);
@@ -108,10 +110,11 @@ struct TileScheduler {
   // Dynamic, a consumer thread: the next claim (-1: the end; claims in order) and, for a tile,
   // the words the claimer posted with it.  POSTED alone is waited on: the claimer arrives on
   // it after storing the claim (the end: right after, with nothing to resolve).
+  template <int kHintNs>
   __device__ __forceinline__ int read_post(u32 (&words)[4], u32 bars, u32 slots) {
     const int slot = step & 1, phase = (step >> 1) & 1;
     ++step;
-    pipe::bar_wait(bars + 32 + 8 * slot, phase);  // POSTED
+    pipe::bar_wait<kHintNs>(bars + 32 + 8 * slot, phase);  // POSTED
     const int i = (int)ld_shared_b32(slots + 4 * slot);
     ld_shared_v4(words, slots + 16 + 16 * slot);
     pipe::bar_arrive(bars + 16 + 8 * slot);  // EMPTY: this thread is done with the slot

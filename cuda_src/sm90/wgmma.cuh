@@ -37,40 +37,35 @@ __device__ __forceinline__ u64 desc_sw128(u32 smem_addr, u32 lbo_bytes, u32 sbo_
          ((u64)(sbo_bytes >> 4) << 32) | (1ull << 62);
 }
 
-// FA_SM90_DESC_ADD (off until device-verified): a step's descriptor as the tile's descriptor
-// plus the step's byte offset >> 4.  Exact: the start-address field (bits 0-13) holds
-// (addr & 0x3FFFF) >> 4 and a shared-memory address plus any offset inside a tile stays below
-// 2^18 (227 KB), so the add never carries out of the field.  With kk a constant of an unrolled
-// loop the tile's descriptor is computed once and each wgmma costs one add; the default form
-// masks and shifts every step's address anew: four uniform-datapath instructions per wgmma
-// (ULOP3 / USHF / ULOP3 / UIADD3), 14 M ULOP3 and 7.4 M USHF of the D = 128 S = 2k kernel's
-// 200 M warp instructions (ncu, stop 46).
-#ifndef FA_SM90_DESC_ADD
-#define FA_SM90_DESC_ADD 0
-#endif
-
-// The descriptor of `tile + offset`: the one place FA_SM90_DESC_ADD chooses how.  With it, the
-// tile's descriptor plus offset >> 4 added to the low word in 32 bits (the field cannot carry,
-// see above; a 64-bit add cost an IMAD.X per descriptor).
+// The descriptor of `tile + offset`.  kAdd (Sm90FwdTraits::kDescAdd; kernel_traits.cuh
+// FA_SM90_DESC_ADD: where it is on, and the measurement): the tile's descriptor plus
+// offset >> 4, added to the low word in 32 bits.  Exact: the start-address field (bits 0-13)
+// holds (addr & 0x3FFFF) >> 4 and a shared-memory address plus any offset inside a tile stays
+// below 2^18 (227 KB), so the add never carries out of the field (a 64-bit add cost an IMAD.X
+// per descriptor).  With kk a constant of an unrolled loop the tile's descriptor is computed
+// once and each wgmma costs one add; without, every step's address is masked and shifted anew:
+// four uniform-datapath instructions per wgmma (ULOP3 / USHF / ULOP3 / UIADD3), 14 M ULOP3 and
+// 7.4 M USHF of the D = 128 S = 2k kernel's 200 M warp instructions (ncu, stop 46).
+template <bool kAdd>
 __device__ __forceinline__ u64 desc_sw128_at(u32 tile, u32 offset, u32 lbo_bytes, u32 sbo_bytes) {
-#if FA_SM90_DESC_ADD
-  const u64 d = desc_sw128(tile, lbo_bytes, sbo_bytes);
-  return (d & 0xFFFFFFFF00000000ull) | (u32)((u32)d + (offset >> 4));
-#else
-  return desc_sw128(tile + offset, lbo_bytes, sbo_bytes);
-#endif
+  if constexpr (kAdd) {
+    const u64 d = desc_sw128(tile, lbo_bytes, sbo_bytes);
+    return (d & 0xFFFFFFFF00000000ull) | (u32)((u32)d + (offset >> 4));
+  } else {
+    return desc_sw128(tile + offset, lbo_bytes, sbo_bytes);
+  }
 }
 
 // K-major operand: k step kk of a [rows][D] tile at `tile`.
-template <int kRows>
+template <int kRows, bool kAdd>
 __device__ __forceinline__ u64 desc_k_major(u32 tile, int kk) {
-  return desc_sw128_at(tile, (kk >> 2) * (kRows * kSwizzleRowBytes) + (kk & 3) * 32, 16, 1024);
+  return desc_sw128_at<kAdd>(tile, (kk >> 2) * (kRows * kSwizzleRowBytes) + (kk & 3) * 32, 16, 1024);
 }
 
 // MN-major operand: keys 16 kk .. 16 kk + 15, d columns of block db, of a [rows][D] tile.
-template <int kRows>
+template <int kRows, bool kAdd>
 __device__ __forceinline__ u64 desc_mn_major(u32 tile, int kk, int db) {
-  return desc_sw128_at(tile, db * (kRows * kSwizzleRowBytes) + kk * 16 * kSwizzleRowBytes,
+  return desc_sw128_at<kAdd>(tile, db * (kRows * kSwizzleRowBytes) + kk * 16 * kSwizzleRowBytes,
                        kRows * kSwizzleRowBytes, 1024);
 }
 
