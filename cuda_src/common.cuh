@@ -70,29 +70,6 @@ __device__ __forceinline__ float exp2_approx(float x) {  // ex2.approx: 2 ulp, e
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
   return r;
 }
-// exp2 on the FMA pipe, for the fraction of a softmax tile's exponentials that OnlineSoftmax
-// moves off the MUFU unit (kPolyPeriod).  Why: MUFU.EX2 runs 16 lanes per clock per SM, the
-// tensor cores 4096 bf16 FLOP per clock, so a 64 x 128 x D tile's 8192 exponentials take as
-// long as its two products at D = 64 -- the softmax of one consumer warpgroup no longer hides
-// under the other's wgmma.  FMA / ALU-pipe instructions instead (FlashAttention-4 does the same
-// on Blackwell): t = x + 1.5 * 2^23 holds j = round(x) in its low mantissa bits, f = x - j is in
-// [-1/2, 1/2], 2^f comes from a degree-3 polynomial and 2^j from j + 127 shifted into an
-// exponent field (t's upper bits shift out: (0x4B400000 << 23) wraps to 0).  Coefficients: the
-// least-max relative error of 2^f on [-1/2, 1/2] in float32 Horner form, 7.5e-5 (numpy,
-// Lawson's iteration) -- a fiftieth of bf16's and a sixth of fp16's half-ulp, which P is
-// rounded to before P V.  For the softmax's arguments x = s c - m c <= ~0: 0 below -125 (a
-// masked key's -inf gives exactly 0, so an empty row's l stays 0; ex2.approx.ftz keeps values
-// down to 2^-126, but p(f) < 1 times 2^-126 would fall below the normal range -- a device test
-// found 2^-125.99999 coming out 0 -- and no 16-bit P or float32 sum tells ~1e-38 from 0), and
-// a NaN x gives NaN (f, so p, is NaN, and 2^j multiplies rather than adds into its bits).
-__device__ __forceinline__ float exp2_poly(float x) {
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
-  const float t = __fadd_rn(x, kRound);
-  const float f = __fsub_rn(x, __fsub_rn(t, kRound));
-  const float p = fmaf(fmaf(fmaf(0.055171434f, f, 0.24261081f), f, 0.69326097f), f, 0.99992812f);
-  const float two_j = __int_as_float((__float_as_int(t) + 127) << 23);
-  return x < -125.0f ? 0.0f : p * two_j;
-}
 __device__ __forceinline__ float log2_approx(float x) {
   float r;
   asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
@@ -116,8 +93,6 @@ __device__ __forceinline__ float tanh_accurate(float x) {
 struct FastMath {
   using T = float;
   __device__ __forceinline__ static float exp2(float x) { return exp2_approx(x); }
-  // The 16-bit softmax's second exponential (exp2_poly: P is rounded to 16 bits after it).
-  __device__ __forceinline__ static float exp2_fma(float x) { return exp2_poly(x); }
   __device__ __forceinline__ static float log2(float x) { return log2_approx(x); }
   __device__ __forceinline__ static float tanh(float x) { return tanh_accurate(x); }
 };

@@ -11,8 +11,7 @@
 // exp2(NaN) = NaN; a +inf score makes m = +inf and its p exp2(inf - inf) = NaN.  Either way that
 // p makes l NaN and, through P V, every column of the row's O (NaN * 0 stays NaN through later
 // rescalings).  finalize only has to tell that apart from an empty row: l == 0 exactly iff the
-// row saw no visible key (a visible finite max contributes exp2(0) = 1, or exp2_poly's
-// 0.99993), NaN iff a score was.
+// row saw no visible key (a visible finite max contributes exp2(0) = 1), NaN iff a score was.
 #pragma once
 #include "../common.cuh"
 
@@ -119,10 +118,7 @@ struct OnlineSoftmax {
   // The two halves of update(), for a kernel whose O is still being written by an asynchronous
   // P V of the previous tile (sm90): S -> P and the new row statistics now, returning whether
   // any row of the warp changed its max; rescale(o, alpha) once that P V has completed.
-  // kPolyPeriod > 0 (16-bit kernels only: M::exp2_fma): every kPolyPeriod-th n8 tile of S takes
-  // its exponentials on the FMA pipe (common.cuh exp2_poly), the rest on MUFU -- the two units
-  // run side by side where MUFU alone would bound the softmax.
-  template <int kNTiles, int kPolyPeriod = 0>
+  template <int kNTiles>
   __device__ __forceinline__ bool to_probabilities(T (&s)[kMRep][kNTiles][4], T c,
                                                    T (&alpha)[kMRep][2]) {
     bool changed = false;
@@ -144,13 +140,7 @@ struct OnlineSoftmax {
         for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const T x = fma(s[mi][nt][2 * h + e], c, -m_scaled);
-            T pv;
-            if constexpr (kPolyPeriod > 0) {
-              pv = nt % kPolyPeriod == kPolyPeriod - 1 ? M::exp2_fma(x) : M::exp2(x);
-            } else {
-              pv = M::exp2(x);
-            }
+            const T pv = M::exp2(fma(s[mi][nt][2 * h + e], c, -m_scaled));
             s[mi][nt][2 * h + e] = pv;
             sum += pv;
           }

@@ -91,25 +91,6 @@
 #ifndef FA_SM90_PV_WIDE
 #define FA_SM90_PV_WIDE 1
 #endif
-// Every FA_SM90_EXP_POLY-th n8 tile of S takes its exponentials on the FMA pipe (common.cuh
-// exp2_poly; 0: all on MUFU) in the kernels of head dims <= FA_SM90_EXP_POLY_MAX_D.  Off: it
-// measured +1.5%, not the predicted 4-8% (below), and only on top of the issue-slot trims,
-// which D = 64 no longer takes.  Why: at D = 64 a tile's exponentials occupy MUFU as long as its products
-// occupy the tensor cores (8192 per warpgroup and 128-key tile at 16 per clock per SM: 512
-// clocks, the same as the other warpgroup's Q K^T + P V), so ping-pong hides one warpgroup's
-// softmax only if nothing else is on its path; D = 64 S = 2k causal ran 0.88x of cuDNN (stop 46).
-// Prediction for 4 (a quarter of the values: per value and warp ~6 MUFU clocks and ~6.8 issue
-// slots instead of 8 and 4.5): the softmax phase 10-15% shorter, D = 64 +4-8%; nothing at D >= 128.
-// Measured (stop 47, H100, quickbench TFLOP/s, bf16, with the three trims above on at every D,
-// two rounds): D = 64 S = 2k 394-397 -> 400, causal 324 -> 329; D >= 128 unchanged (as built:
-// the switch leaves their code alone).  The sm90 GPU tests passed with it on (stop 47), all
-// but exp2_poly's own test at its -126 edge, since moved to -125 (common.cuh).
-#ifndef FA_SM90_EXP_POLY
-#define FA_SM90_EXP_POLY 0
-#endif
-#ifndef FA_SM90_EXP_POLY_MAX_D
-#define FA_SM90_EXP_POLY_MAX_D 64
-#endif
 
 namespace fa {
 
@@ -172,9 +153,6 @@ struct Sm90FwdTraitsBase {
   static constexpr int kWaitHintNs = kHeadDim > 64 ? FA_SM90_WAIT_HINT_NS : 0;
   static constexpr bool kDescAdd = kHeadDim > 64 && FA_SM90_DESC_ADD;
   static constexpr bool kPvWide = kHeadDim > 64 && FA_SM90_PV_WIDE;
-  // OnlineSoftmax::to_probabilities' kPolyPeriod (16-bit kernels; FA_SM90_EXP_POLY above).
-  static constexpr int kExpPolyPeriod =
-      kPlanes == 1 && kHeadDim <= FA_SM90_EXP_POLY_MAX_D ? FA_SM90_EXP_POLY : 0;
   static constexpr int kDTiles = kHeadDim / 8;   // n8 tiles of O per row
   static constexpr int kDBlocks = kHeadDim / 64; // 128-byte column blocks per row
   static constexpr int kChunks = kHeadDim / 8;   // 16-byte chunks per row

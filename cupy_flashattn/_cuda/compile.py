@@ -640,7 +640,7 @@ def bucket_for(head_dim: int, buckets=HEAD_DIM_BUCKETS) -> int:
 def _tuning_defines() -> list:
     """``-D`` options from ``$CUPY_FLASHATTN_SM90_DEFINES`` ("FA_SM90_PINGPONG=1,..."): the
     kernels' tuning switches (sm90/kernel_traits.cuh, FA_SM90_WAIT_HINT_NS / FA_SM90_DESC_ADD /
-    FA_SM90_PV_WIDE / FA_SM90_EXP_POLY included; the decode
+    FA_SM90_PV_WIDE included; the decode
     kernel's FA_DECODE_* switches of sm80/flash_decode.cu, which decode.decode_source writes
     into its source text), for device sweeps and A/B runs only."""
     text = os.environ.get("CUPY_FLASHATTN_SM90_DEFINES", "")
