@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Compile-time kernel switches (CUPY_FLASHATTN_SM90_DEFINES, e.g. FA_SM90_PV_WIDE=1) judged in
+# Compile-time kernel switches (CUPY_FLASHATTN_SM90_DEFINES, e.g. FA_SM90_PV_WIDE=0) judged in
 # one device call, from the repository root:
 #   1. correctness: the GPU tests that run the sm90 prefill and split-KV kernels, built with
 #      every switch of $SETS at once (its own kernel cache), 8 shards;
 #   2. speed: tools/quickbench_sm90.py (sm90 column, back to back) for the default build and
 #      each switch set, one process per set, the sets alternating for $ROUNDS passes so that
 #      clock / power drift shows as spread rather than as a difference.
-#   OUT=$OUT SETS="FA_SM90_WAIT_HINT_NS=10000000;FA_SM90_PV_WIDE=1;FA_SM90_DESC_ADD=1" \
+#   OUT=$OUT SETS="FA_SM90_TRIMS_MIN_D=64;FA_SM90_TRIMS_MIN_D=64,FA_SM90_WAIT_HINT_NS=0" \
 #     bash tools/device_switch_ab.sh
 # SETS: ";"-separated switch sets (a set may hold several, comma-separated); ROWS: quickbench
 # rows (default: issue 12's S = 2k rows and D = 128 S = 8k); ROUNDS (default 2); PAGED (quickbench
@@ -17,7 +17,7 @@ set -u
 cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-/tmp/fa_switch_ab}; mkdir -p "$OUT"
 . tools/device_env.sh
-SETS=${SETS:-FA_SM90_WAIT_HINT_NS=10000000;FA_SM90_PV_WIDE=1;FA_SM90_DESC_ADD=1}
+SETS=${SETS:-FA_SM90_TRIMS_MIN_D=64;FA_SM90_TRIMS_MIN_D=64,FA_SM90_WAIT_HINT_NS=0;FA_SM90_TRIMS_MIN_D=64,FA_SM90_DESC_ADD=0}
 ROWS=${ROWS:-128,2048,0;64,2048,1;256,2048,0;128,8192,0}
 IFS=';' read -ra SET_LIST <<< "$SETS"
 all=$(IFS=,; echo "${SET_LIST[*]}")

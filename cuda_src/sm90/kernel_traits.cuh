@@ -67,7 +67,7 @@
 // Three trims of the issue slots the consumers spend besides the math, from stop 46's Nsight
 // Compute comparison with cuDNN (H100, bf16 D = 128 S = 2k: our kernel 200 M warp
 // instructions, cuDNN's 158 M for the same products), each applied where Sm90FwdTraitsBase says
-// (kWaitHintNs, kDescAdd, kPvWide: head dims above 64):
+// (kWaitHintNs, kDescAdd, kPvWide: head dims from FA_SM90_TRIMS_MIN_D = 65 up):
 //  - FA_SM90_WAIT_HINT_NS (sm90/pipeline.cuh bar_try_wait): try_wait's suspend-time hint, here
 //    CUTLASS's 10 ms (until the phase completes).  Without it each wait retried ~6 times: 7.3 M
 //    SYNCS with 7.8 M BRA and 6.0 M YIELD around them, against cuDNN's 1.2 M SYNCS.
@@ -90,6 +90,9 @@
 #endif
 #ifndef FA_SM90_PV_WIDE
 #define FA_SM90_PV_WIDE 1
+#endif
+#ifndef FA_SM90_TRIMS_MIN_D  // 64: D = 64 takes them too (the A/B of stop 47's -5%)
+#define FA_SM90_TRIMS_MIN_D 65
 #endif
 
 namespace fa {
@@ -150,9 +153,10 @@ struct Sm90FwdTraitsBase {
   static constexpr int kNTiles = kBlockN / 8;    // n8 tiles of S per row
   // The issue-slot trims above (FA_SM90_WAIT_HINT_NS, FA_SM90_DESC_ADD, FA_SM90_PV_WIDE): on
   // above D = 64, where they measured faster; D = 64 measured slower with them.
-  static constexpr int kWaitHintNs = kHeadDim > 64 ? FA_SM90_WAIT_HINT_NS : 0;
-  static constexpr bool kDescAdd = kHeadDim > 64 && FA_SM90_DESC_ADD;
-  static constexpr bool kPvWide = kHeadDim > 64 && FA_SM90_PV_WIDE;
+  static constexpr bool kTrimmed = kHeadDim >= FA_SM90_TRIMS_MIN_D;
+  static constexpr int kWaitHintNs = kTrimmed ? FA_SM90_WAIT_HINT_NS : 0;
+  static constexpr bool kDescAdd = kTrimmed && FA_SM90_DESC_ADD;
+  static constexpr bool kPvWide = kTrimmed && FA_SM90_PV_WIDE;
   static constexpr int kDTiles = kHeadDim / 8;   // n8 tiles of O per row
   static constexpr int kDBlocks = kHeadDim / 64; // 128-byte column blocks per row
   static constexpr int kChunks = kHeadDim / 8;   // 16-byte chunks per row
