@@ -303,7 +303,8 @@ __device__ __forceinline__ void producer_paged_gather(const FwdParams& p, const 
   for (int n_block = n_max - 1; n_block >= n_min; --n_block, ++it) {
     const int s = it % Tr::kStages, phase = (it / Tr::kStages) & 1;
     const int* ids = sm.ids + s * Tr::kBlockN;
-    pipe::bar_wait<Tr::kWaitHintNs>(sm.k_empty(s), phase ^ 1);  // the consumers are done with round it - kStages
+    // The consumers are done with round it - kStages.
+    pipe::bar_wait<Tr::kWaitHintNs>(sm.k_empty(s), phase ^ 1);
     PageIds<Tr>::publish(p, si, sm, s, n_block, t, id, true);
     if (n_block > n_min) id = PageIds<Tr>::fetch(si, n_block - 1, t);  // lands under this tile
 #if FA_SM90_DIAG_NO_LOADS  // diagnostic (wrong results): only the first ring round is loaded
@@ -549,8 +550,8 @@ template <class Tr, class Elem, int kDb>
 __device__ __forceinline__ void pv_block(float (&acc_o)[1][Tr::kDTiles][4], const u32 (&pa)[4],
                                          u32 v_tile, int kk, int scale_d = 1) {
   if constexpr (kDb < Tr::kDBlocks) {
-    wgmma::rs_m64n64k16<8 * kDb>(acc_o[0], pa, wgmma::desc_mn_major<Tr::kBlockN, Tr::kDescAdd>(v_tile, kk, kDb),
-                                 scale_d, Elem{});
+    const u64 dv = wgmma::desc_mn_major<Tr::kBlockN, Tr::kDescAdd>(v_tile, kk, kDb);
+    wgmma::rs_m64n64k16<8 * kDb>(acc_o[0], pa, dv, scale_d, Elem{});
   }
 }
 
@@ -569,7 +570,7 @@ __device__ __forceinline__ void issue_qk(float (&sacc)[1][Tr::kNTiles][4], u32 q
 }
 
 // Issue O += P V over the tile's kBlockN / 16 key steps (not waited); `accumulate` false:
-// the first step overwrites.  kWide: one wgmma per step over all of O (FA_SM90_PV_WIDE).
+// the first step overwrites.  kWide: one wgmma per step over all of O (Tr::kPvWide).
 template <class Tr, class Elem, bool kWide = false>
 __device__ __forceinline__ void issue_pv(float (&acc_o)[1][Tr::kDTiles][4],
                                          const u32 (&pa)[Tr::kNTiles / 2][4], u32 v_tile,
@@ -580,9 +581,8 @@ __device__ __forceinline__ void issue_pv(float (&acc_o)[1][Tr::kDTiles][4],
     if constexpr (kWide && Tr::kDBlocks > 1) {
       // Every column block of O in one wgmma (N = D); the V descriptor's leading byte offset
       // (rows * 128 bytes, wgmma.cuh desc_mn_major) steps from block to block.
-      wgmma::rs_pv<64 * Tr::kDBlocks, 0>(acc_o[0], pa[kk],
-                                         wgmma::desc_mn_major<Tr::kBlockN, Tr::kDescAdd>(v_tile, kk, 0), scale_d,
-                                         Elem{});
+      const u64 dv = wgmma::desc_mn_major<Tr::kBlockN, Tr::kDescAdd>(v_tile, kk, 0);
+      wgmma::rs_pv<64 * Tr::kDBlocks, 0>(acc_o[0], pa[kk], dv, scale_d, Elem{});
     } else {
       pv_block<Tr, Elem, 0>(acc_o, pa[kk], v_tile, kk, scale_d);
       pv_block<Tr, Elem, 1>(acc_o, pa[kk], v_tile, kk, scale_d);
@@ -662,7 +662,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
   const int it0 = it;
   constexpr bool kOverlap = Tr::overlap(Is_paged, Has_transform);
   constexpr bool kPingPong = uses_pingpong<Tr, Is_paged, Has_transform, Is_split>();
-  // FA_SM90_PV_WIDE: not in the split (decode) kernels -- the D = 128 paged one spilled 8
+  // Tr::kPvWide (FA_SM90_PV_WIDE): not in the split (decode) kernels -- the D = 128 paged one spilled 8
   // bytes with it, and a decode step is bound by its K / V bytes, not by its wgmma count.
   constexpr bool kWidePv = Tr::kPvWide && !Is_split;
   const int warp = ctid >> 5, lane = ctid & 31;
@@ -1013,7 +1013,8 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
     pipe::regs_dealloc<Tr::kProducerRegs>();
     int it = 0, tq = 0;
     for (;;) {
-      const int i = sched.template next<Tr::kWaitHintNs>(num_tiles, tile_counter, sm.sched_bars(), sm.sched_slots, tidx == 0);
+      const int i = sched.template next<Tr::kWaitHintNs>(num_tiles, tile_counter, sm.sched_bars(),
+                                                         sm.sched_slots, tidx == 0);
       if (i < 0) break;
       Sm90Tile w;
       // Dynamic: the claimer posts the sequence's rows for the consumers.
@@ -1032,7 +1033,8 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
       // key tile ahead (PageIds).
       int id = 0;
       if constexpr (Is_paged) id = w.n_max > w.n_min ? PageIds<Tr>::fetch(w.si, w.n_max - 1, tidx) : -1;
-      pipe::bar_wait<Tr::kWaitHintNs>(sm.q_empty(), (tq & 1) ^ 1);  // the consumers are done with the last Q
+      // The consumers are done with the last Q.
+      pipe::bar_wait<Tr::kWaitHintNs>(sm.q_empty(), (tq & 1) ^ 1);
       ++tq;
       if (w.n_max <= w.n_min) {  // no key to load: O = 0, LSE = +inf
         pipe::bar_arrive(sm.q_full());
@@ -1063,7 +1065,8 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
           continue;
       } else {  // dynamic: the claim, with the rows the producer resolved
         u32 lens[4];
-        const int i = sched.template read_post<Tr::kWaitHintNs>(lens, sm.sched_bars(), sm.sched_slots);
+        const int i =
+            sched.template read_post<Tr::kWaitHintNs>(lens, sm.sched_bars(), sm.sched_slots);
         if (i < 0) break;
         if (!tile_at<Tr, Is_paged, Is_split>(p, i, w, &lens, {}, num_splits)) continue;
       }

@@ -80,7 +80,8 @@ struct TileScheduler {
     ++step;
     int i;
     if (claimer) {
-      pipe::bar_wait<kHintNs>(empty, phase ^ 1);  // every thread has read the claim posted 2 steps ago
+      // Every thread has read the claim posted 2 steps ago.
+      pipe::bar_wait<kHintNs>(empty, phase ^ 1);
       i = step == 1 ? (int)blockIdx.x : grid + atomicAdd(counter, 1);
       if (i >= num_tiles) i = -1;
       st_shared_b32(box, (u32)i);
