@@ -126,6 +126,11 @@ SM90_SWITCHES = [("FA_SM90_PAGED_TMA=0,FA_SM90_FLAG_WORD=0", d,
 SM90_SWITCHES.append(("FA_SM90_FLAG_WORD=0", 256, [k for k in SM90_KEYS if k.paged and k.dtype == "bf16"
                                                   and k.head_dim == 256]))
 SM90_SWITCHES.append(("FA_SM90_F32_S_CHAINS=2", 0, cc.shipped_sm90_f32_keys()))
+#: FA_SM90_EARLY_Q=1 (stop 48, not yet device-run): Q released after the last Q K^T, in every
+#: kernel with its own O staging buffer (D <= 192, and the float32 kernels).
+SM90_SWITCHES += [("FA_SM90_EARLY_Q=1", d, [k for k in SM90_KEYS if k.dtype == "bf16" and k.head_dim == d])
+                  for d in (64, 128, 192)]
+SM90_SWITCHES.append(("FA_SM90_EARLY_Q=1", 0, cc.shipped_sm90_f32_keys()))
 
 
 @pytest.mark.parametrize("define, head_dim, keys", SM90_SWITCHES,
@@ -138,6 +143,22 @@ def test_sm90_ab_switch_compiles_without_spills(define, head_dim, keys):
     assert {k.name for k in keys} <= set(infos)
     assert all(v["spill_stores"] == 0 and v["spill_loads"] == 0 for v in infos.values()), infos
     assert "Potential Performance Loss" not in log and "C7508" not in log
+
+
+def test_sm90_timeline_build_exports_its_buffers_without_spills():
+    """FA_SM90_DIAG_TIMELINE=1 (sm90/diag_timeline.cuh): the kernels tools/sm90_timeline.py
+    times keep their registers, and the module holds the two buffers the tool reads by name."""
+    keys = [k for k in SM90_KEYS if k.dtype == "bf16" and not k.paged and not k.transform
+            and not k.split and k.head_dim in (64, 128)]
+    assert {k.name for k in keys} >= {"fa_fwd_sm90_bf16_d64", "fa_fwd_sm90_bf16_d128",
+                                      "fa_fwd_sm90_bf16_d128_wide"}
+    cubin, log = cc.compile_for_arch(cc.kernel_source(keys), "90a",
+                                     extra_options=["-DFA_SM90_DIAG_TIMELINE=1"])
+    infos = cc.parse_ptxas_log(log)
+    assert all(v["spill_stores"] == 0 and v["spill_loads"] == 0 for v in infos.values()), infos
+    assert b"fa_sm90_timeline\0" in cubin and b"fa_sm90_timeline_span\0" in cubin
+    default, _ = cc.compile_for_arch(cc.kernel_source(keys[:1]), "90a", verbose=False)
+    assert b"fa_sm90_timeline" not in default  # off: nothing of it in the shipped kernels
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -10,7 +10,7 @@
 #     bash tools/device_switch_ab.sh
 # SETS: ";"-separated switch sets (a set may hold several, comma-separated); ROWS: quickbench
 # rows (default: issue 12's S = 2k rows and D = 128 S = 8k); ROUNDS (default 2); PAGED (quickbench
-# --paged, default 16); SKIP_TESTS=1 times only; PRECOMPILE_ONLY (precompile_parallel.py --only)
+# --paged, default 16); SKIP_TESTS=1 times only, SKIP_BENCH=1 tests only; PRECOMPILE_ONLY (precompile_parallel.py --only)
 # builds each set's kernels in parallel first.  Logs: $OUT/tests/, $OUT/qb_<set>_<round>.txt;
 # prints each shard's summary and a table of TFLOP/s per row and set.
 set -u
@@ -28,6 +28,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     TESTS="tests/gpu/test_gpu_kernels.py tests/gpu/test_gpu_property.py tests/gpu/test_gpu_nan.py tests/gpu/test_gpu_mixed.py tests/gpu/test_gpu_api.py tests/gpu/test_sm90_edges.py tests/gpu/test_sm90_persistent.py tests/gpu/test_decode_sm90.py tests/gpu/test_gpu_precise.py tests/gpu/test_gpu_empty.py" \
     bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 12
 fi
+[ "${SKIP_BENCH:-0}" = 1 ] && exit 0
 if [ -n "${PRECOMPILE_ONLY:-}" ]; then  # e.g. 'fa_fwd_sm90_bf16_d64$,_d128_paged': every set's at once
   stamp "precompile $PRECOMPILE_ONLY for every set"
   for s in default "${SET_LIST[@]}"; do

@@ -30,6 +30,7 @@
 #include "tile_scheduler.cuh"
 #include "wgmma.cuh"
 #include "wgmma_ops.cuh"
+#include "diag_timeline.cuh"
 
 namespace fa {
 
@@ -442,10 +443,11 @@ __device__ __forceinline__ void tma_kv_tile(u32 dst, const pipe::TmaDesc* map, i
 // where paged_tma_ok: tma_paged_tile through the tile's page ids), the tile that
 // holds the end of the sequence gathered by cp.async (zeros past len_k).  Paged: `id` is this
 // thread's page id of the first key tile, read by the caller ahead of time (dense: unused).
+// `tq`: the CTA's count of query tiles before this one (the diagnostic timeline's index).
 template <class Tr, bool Is_paged>
 __device__ __forceinline__ void producer_tma(const FwdParams& p, const Sm90Tile& w,
                                              const Sm90Smem<Tr>& sm, const TmaMaps& maps,
-                                             int& it, int t, int id) {
+                                             int& it, int t, int id, int tq) {
   const SeqInfo& si = w.si;
   const int n_min = w.n_min, n_max = w.n_max;
   producer_q_tma<Tr>(w, sm, maps, t);
@@ -494,6 +496,7 @@ __device__ __forceinline__ void producer_tma(const FwdParams& p, const Sm90Tile&
       producer_signal<0>(sm.v_full(s));
     }
   }
+  FA_TL(t == 0, 0, tq, FA_TL_P_LAST_V);
 }
 
 // ---- Consumer -------------------------------------------------------------------------------
@@ -666,6 +669,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
   // bytes with it, and a decode step is bound by its K / V bytes, not by its wgmma count.
   constexpr bool kWidePv = Tr::kPvWide && !Is_split;
   const int warp = ctid >> 5, lane = ctid & 31;
+  FA_TL(ctid == 0, 1 + cw, tq, FA_TL_C_START);
   const int wg_first = m0 + Tr::kWgRows * cw;  // first sequence row of this warpgroup
   const int wg_rows = imin(Tr::kWgRows, rows_valid - Tr::kWgRows * cw);  // may be <= 0
   const int row0 = wg_first + 16 * warp + (lane >> 2);  // sequence row of accumulator row g
@@ -690,6 +694,19 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
   OnlineSoftmax<1, Math> softmax;
   softmax.init();
   pipe::bar_wait<Tr::kWaitHintNs>(sm.q_full(), tq & 1);
+  FA_TL(ctid == 0, 1 + cw, tq, FA_TL_C_Q_FULL);
+  // With its own O buffer (kSeparateO), Q is free once this warpgroup's last Q K^T has
+  // completed: released there (Tr::kEarlyQ), the producer loads the next tile's Q under this
+  // tile's last softmax, P V and epilogue instead of after them.  Every thread arrives once per
+  // tile: after its last S, or (no key tile visited) where the visits would have been.  No flag
+  // is kept across the loop (one more live register spilled the D = 128 softcap paged kernel).
+  auto release_q_after_s = [&](bool last_s) {
+    if constexpr (Tr::kEarlyQ)
+      if (last_s) pipe::bar_arrive(sm.q_empty());
+  };
+  auto release_q_unvisited = [&]() {
+    if constexpr (Tr::kEarlyQ) pipe::bar_arrive(sm.q_empty());
+  };
 
   if (n_max > n_min) {
     const Mask<Is_paged> mask(p, si.len_k, shift, bidb);
@@ -857,6 +874,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
         their_turn();
         wgmma::wait<0>();
         wgmma::fence_operands(sacc[0]);
+        FA_TL(ctid == 0 && n_block == a_max - 1, 1 + cw, tq, FA_TL_C_FIRST_S);
+        release_q_after_s(n_block == a_min);
         if constexpr (kSChains2) {
           wgmma::fence_operands(sacc2[0]);
 #pragma unroll
@@ -871,6 +890,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
         wgmma::wait<0>();
         o_done(n_block);
       }
+      FA_TL(ctid == 0, 1 + cw, tq, FA_TL_C_PV_DONE);
+      if (a_max <= a_min) release_q_unvisited();
     } else if (a_max > a_min) {
       // Software pipeline (FlashAttention-3's intra-warpgroup overlap): the iteration of tile
       // n issues S(n) = Q K(n)^T and then O += P(n + 1) V(n + 1) (the tile visited before),
@@ -882,6 +903,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
       their_turn();
       wgmma::wait<0>();
       wgmma::fence_operands(sacc[0]);
+      FA_TL(ctid == 0, 1 + cw, tq, FA_TL_C_FIRST_S);
+      release_q_after_s(a_max - 1 == a_min);
       softmax_tile(a_max - 1, alpha);  // O is still 0: no rescale
       pack_p();
       for (int n_block = a_max - 2; n_block >= a_min; --n_block) {
@@ -891,20 +914,27 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
         their_turn();
         wgmma::wait<1>();
         wgmma::fence_operands(sacc[0]);
+        release_q_after_s(n_block == a_min);
         softmax_tile(n_block, alpha);
         wgmma::wait<0>();
         o_done(n_block + 1);
         softmax.rescale(acc_o, alpha);
         pack_p();
       }
+      FA_TL(ctid == 0, 1 + cw, tq, FA_TL_C_LOOP_END);
       issue_o(a_min);
       wgmma::wait<0>();
       o_done(a_min);
+      FA_TL(ctid == 0, 1 + cw, tq, FA_TL_C_PV_DONE);
+    } else {
+      release_q_unvisited();
     }
     skip_tiles(a_min, n_min);
     it += n_max - n_min;
+  } else {
+    release_q_unvisited();
   }
-  if constexpr (Tr::kSeparateO) pipe::bar_arrive(sm.q_empty());  // every Q K^T has completed
+  if constexpr (Tr::kSeparateO && !Tr::kEarlyQ) pipe::bar_arrive(sm.q_empty());  // every Q K^T has completed
   if constexpr (kF32) {
     // Float32 O straight from the accumulators: each quad writes 8 x 4 contiguous bytes per
     // row and n8 tile (whole 32-byte sectors); O' carries V's scale and P's 2^12.
@@ -976,6 +1006,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
       st_global_v4(o_tile + (i64)row * p.o_row_stride + chunk * 8, r);
     }
   }
+  FA_TL(ctid == 0, 1 + cw, tq, FA_TL_C_STORED);
   if constexpr (!Tr::kSeparateO) {
     pipe::fence_async_shared();  // these generic reads / writes before the next Q's TMA write
     pipe::bar_arrive(sm.q_empty());
@@ -1004,6 +1035,7 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
     TileScheduler::init_barriers(sm.sched_bars(), Tr::kNThreads);
   }
   __syncthreads();
+  FA_TL_SPAN(tidx == 0, false);
 
   // tile_counter: the dynamic schedule's counter, or null for static rounds (tile_scheduler.cuh).
   const int num_splits = Is_split ? so.num_splits : 1;
@@ -1026,6 +1058,7 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
       };
       if (i >= num_tiles || !tile_at<Tr, Is_paged, Is_split>(p, i, w, nullptr, post, num_splits))
         continue;
+      FA_TL(tidx == 0, 0, tq, FA_TL_P_CLAIMED);
       // Paged: the page ids of the tile's first key tile are read BEFORE the wait for the
       // consumers' last Q, so the load lands while they finish the previous tile instead of on
       // the path of the tile's first K copy (measured: no change at S = 512, paged 16 stayed
@@ -1034,7 +1067,9 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
       int id = 0;
       if constexpr (Is_paged) id = w.n_max > w.n_min ? PageIds<Tr>::fetch(w.si, w.n_max - 1, tidx) : -1;
       // The consumers are done with the last Q.
+      const int tile = tq;  // this query tile's place in the CTA's schedule
       pipe::bar_wait<Tr::kWaitHintNs>(sm.q_empty(), (tq & 1) ^ 1);
+      FA_TL(tidx == 0, 0, tile, FA_TL_P_Q_EMPTY);
       ++tq;
       if (w.n_max <= w.n_min) {  // no key to load: O = 0, LSE = +inf
         pipe::bar_arrive(sm.q_full());
@@ -1042,11 +1077,11 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
       }
       if constexpr (Is_paged) {
         if (paged_tma_ok<Tr>(p))
-          producer_tma<Tr, true>(p, w, sm, maps, it, tidx, id);
+          producer_tma<Tr, true>(p, w, sm, maps, it, tidx, id, tile);
         else
           producer_paged_gather<Tr>(p, w, sm, maps, it, tidx, id);
       } else {
-        producer_tma<Tr, false>(p, w, sm, maps, it, tidx, id);
+        producer_tma<Tr, false>(p, w, sm, maps, it, tidx, id, tile);
       }
     }
   } else {
@@ -1074,6 +1109,7 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
                                                            tidx - 128 * wg);
       ++tq;
     }
+    FA_TL_SPAN(tidx == 128, true);
   }
 }
 

@@ -91,6 +91,21 @@
 #ifndef FA_SM90_PV_WIDE
 #define FA_SM90_PV_WIDE 1
 #endif
+// FA_SM90_EARLY_Q (flash_fwd.cu consumer; stop 48, off until a device run measures it): where
+// O has its own staging buffer (kSeparateO), each consumer releases Q right after its last
+// Q K^T of the tile instead of after the epilogue, so the producer loads the next tile's Q --
+// and, right behind it, its first K / V, whose ring stages are free by then -- under the last
+// softmax, P V and epilogue.
+// Why: from stop 46's graph-replayed times (bf16 D = 128, 2048 query tiles of 128 rows at
+// S = 2k and 8k alike on 132 SMs, 16 rounds), t = 16 (a + b n_k) gives per 128-key tile
+// b = 1.60 us (cuDNN 1.66) but per query tile a = 3.4 us (cuDNN 0.6): the S = 2k gap is what
+// each query tile costs besides its key tiles, and the next tile's Q (32 KB, ~1-2 us from HBM
+// at an SM's share) and first K / V were requested only once both consumers had finished the
+// epilogue.  Predicted: +2-5% at S = 2k (D = 64 / 128), ~0 at S = 8k.  The diagnostic
+// timeline (FA_SM90_DIAG_TIMELINE, tools/sm90_timeline.py) measures the phases between tiles.
+#ifndef FA_SM90_EARLY_Q
+#define FA_SM90_EARLY_Q 0
+#endif
 #ifndef FA_SM90_TRIMS_MIN_D  // 64: D = 64 takes them too (the A/B of stop 47's -5%)
 #define FA_SM90_TRIMS_MIN_D 65
 #endif
@@ -197,6 +212,9 @@ struct Sm90FwdTraitsBase {
   static constexpr bool kStageO = kPlanes == 1;
   static constexpr bool kSeparateO = !kStageO || kSmemRing + kSmemQPlane + kSmemRest <= kSmemLimit;
   static constexpr int kSmemO = kStageO && kSeparateO ? kSmemQPlane : 0;
+  // Q released after the tile's last Q K^T (FA_SM90_EARLY_Q); without kSeparateO the epilogue
+  // stages O in Q's buffer, so Q is released after it.
+  static constexpr bool kEarlyQ = FA_SM90_EARLY_Q && kSeparateO;
   static constexpr int kSmemTiles = kSmemRing + kSmemO;
   static constexpr int kSmemBytes = kSmemTiles + kSmemRest;
   static_assert(kSmemBytes <= kSmemLimit, "Q, the K/V ring and the barriers must fit 227 KB");

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Stop 48's device calls (repo root), prepared in a session without a device (none ran yet).
+# STEP=ab (default), ~300 s:
+#   1. precompile: the default build's prefill kernels, each A/B set's kernels and the
+#      timeline builds (FA_SM90_DIAG_TIMELINE=1), each in its own kernel cache, in parallel;
+#   2. where a query tile's time goes besides its key tiles (tools/sm90_timeline.py): D = 128
+#      S = 2k / 8k and D = 64 S = 2k, for the default and for FA_SM90_EARLY_Q=1;
+#   3. quickbench of the default build with torch SDPA's columns in the same process (issue
+#      12's S = 2k rows, D = 128 S = 4k / 8k, paged 16; three rounds);
+#   4. A/B, the builds alternating over two rounds (quickbench, sm90 column, back to back):
+#      FA_SM90_EARLY_Q=1 against the default; and
+#      D = 64 with the issue-slot trims (FA_SM90_TRIMS_MIN_D=64), with each of the wait hint and
+#      the descriptor adds taken back out (which one cost D = 64 5%, stop 47).
+# STEP=tests: the GPU test files that run the sm90 kernels, built with FA_SM90_EARLY_Q=1
+#   (tools/device_switch_ab.sh's correctness half), 8 shards.
+# STEP=suite: the whole GPU suite on the default build, 8 shards (tools/gpu_suite_parallel.sh).
+#   OUT=$OUT bash tools/device_stop48.sh; OUT=$OUT STEP=tests bash tools/device_stop48.sh
+set -u
+cd "$(dirname "$0")/.." || exit 2
+OUT=${OUT:-/tmp/fa_stop48}; mkdir -p "$OUT"
+. tools/device_env.sh
+SWITCHES=FA_SM90_EARLY_Q=1
+case "${STEP:-ab}" in
+  suite)
+    OUT="$OUT/suite" N=8 bash tools/gpu_suite_parallel.sh
+    exit $? ;;
+  tests)
+    OUT=$OUT SETS=$SWITCHES SKIP_BENCH=1 bash tools/device_switch_ab.sh
+    exit $? ;;
+esac
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv
+K64='fa_fwd_sm90_bf16_d64$,fa_fwd_sm90_bf16_d64_paged$'
+KALL="$K64,fa_fwd_sm90_bf16_d128\$,fa_fwd_sm90_bf16_d128_paged\$,fa_fwd_sm90_bf16_d128_wide\$,fa_fwd_sm90_bf16_d256\$,fa_fwd_sm90_bf16_d256_paged\$"
+ROWS_EQ="128,2048,0;128,2048,1;64,2048,0;64,2048,1;256,2048,0;128,4096,0;128,8192,0"
+ROWS_64="64,2048,0;64,2048,1;64,4096,1"
+# name | defines | kernels | rows
+SETS=(
+  "early|$SWITCHES|$KALL|$ROWS_EQ"
+  "t64|FA_SM90_TRIMS_MIN_D=64|$K64|$ROWS_64"
+  "t64nohint|FA_SM90_TRIMS_MIN_D=64,FA_SM90_WAIT_HINT_NS=0|$K64|$ROWS_64"
+  "t64nodesc|FA_SM90_TRIMS_MIN_D=64,FA_SM90_DESC_ADD=0|$K64|$ROWS_64"
+)
+TL_SETS=("tl|FA_SM90_DIAG_TIMELINE=1" "tlearly|FA_SM90_DIAG_TIMELINE=1,$SWITCHES")
+stamp "precompile: default, each set's kernels, the timeline builds"
+timeout 240 python3 tools/precompile_parallel.py --jobs 4 --no-decode --only "$KALL" \
+  > "$OUT/precompile_default.txt" 2>&1 &
+for s in "${SETS[@]}"; do
+  IFS='|' read -r name defs keys rows <<< "$s"
+  CUPY_FLASHATTN_SM90_DEFINES="$defs" CUPY_CACHE_DIR="/tmp/fa_cache_$name" timeout 240 \
+    python3 tools/precompile_parallel.py --jobs 2 --no-decode --only "$keys" > "$OUT/precompile_$name.txt" 2>&1 &
+done
+for s in "${TL_SETS[@]}"; do
+  IFS='|' read -r name defs <<< "$s"
+  CUPY_FLASHATTN_SM90_DEFINES="$defs" CUPY_CACHE_DIR="/tmp/fa_cache_$name" timeout 240 \
+    python3 tools/precompile_parallel.py --jobs 1 --no-decode \
+    --only 'fa_fwd_sm90_bf16_d128$,fa_fwd_sm90_bf16_d128_wide$,fa_fwd_sm90_bf16_d64$' \
+    > "$OUT/precompile_$name.txt" 2>&1 &
+done
+wait
+grep -h precompiled "$OUT"/precompile_*.txt
+for s in "${TL_SETS[@]}"; do
+  IFS='|' read -r name defs <<< "$s"
+  for case in "--d 128 --s 2048" "--d 128 --s 8192" "--d 64 --s 2048"; do
+    stamp "timeline $name $case"
+    # sm90_timeline.py adds FA_SM90_DIAG_TIMELINE=1 itself
+    CUPY_CACHE_DIR="/tmp/fa_cache_$name" timeout 60 python3 tools/sm90_timeline.py $case \
+      --defines "${defs#FA_SM90_DIAG_TIMELINE=1}" 2>&1 | tee -a "$OUT/timeline_$name.txt" | tail -n 12
+  done
+done
+stamp "quickbench, default build, with torch"
+timeout 150 python3 tools/quickbench_sm90.py --archs sm90 --paged 16 --rounds 3 \
+  --rows "128,2048,0;128,2048,1;64,2048,0;64,2048,1;256,2048,0;256,2048,1;128,4096,0;128,8192,0" \
+  > "$OUT/qb_default_torch.txt" 2>&1
+grep -E "^D[0-9]+ S|torch|cudnn" "$OUT/qb_default_torch.txt" | head -n 30
+for r in 1 2; do
+  for s in "default|||$ROWS_EQ" "${SETS[@]}"; do
+    IFS='|' read -r name defs keys rows <<< "$s"
+    stamp "$name round $r"
+    cache=/tmp/fa_cache_$name; [ "$name" = default ] && cache=$CUPY_CACHE_DIR
+    env CUPY_FLASHATTN_SM90_DEFINES="$defs" CUPY_CACHE_DIR="$cache" timeout 90 \
+      python3 tools/quickbench_sm90.py --archs sm90 --no-torch --paged 16 --rows "$rows" \
+      > "$OUT/qb_${name}_$r.txt" 2>&1
+    grep -E "^D[0-9]+ S" "$OUT/qb_${name}_$r.txt"
+  done
+done
+stamp "end"
