@@ -12,7 +12,9 @@
 #      D = 64 with the issue-slot trims (FA_SM90_TRIMS_MIN_D=64), with each of the wait hint and
 #      the descriptor adds taken back out (which one cost D = 64 5%, stop 47).
 # STEP=tests: the GPU test files that run the sm90 kernels, built with FA_SM90_EARLY_Q=1
-#   (tools/device_switch_ab.sh's correctness half), 8 shards.
+#   (tools/device_switch_ab.sh's correctness half), 8 shards; then compute-sanitizer memcheck
+#   and racecheck over tools/sanitize_cases.py on that build (EARLY_Q moves a barrier arrival).
+#   When EARLY_Q has become the default, the suite (STEP=suite) covers what this step did.
 # STEP=suite: the whole GPU suite on the default build, 8 shards (tools/gpu_suite_parallel.sh).
 #   OUT=$OUT bash tools/device_stop48.sh; OUT=$OUT STEP=tests bash tools/device_stop48.sh
 set -u
@@ -26,6 +28,8 @@ case "${STEP:-ab}" in
     exit $? ;;
   tests)
     OUT=$OUT SETS=$SWITCHES SKIP_BENCH=1 bash tools/device_switch_ab.sh
+    CUPY_FLASHATTN_SM90_DEFINES=$SWITCHES CUPY_CACHE_DIR=/tmp/fa_cache_switch_all OUT="$OUT/sanitize" \
+      TOOL_TIMEOUT=${TOOL_TIMEOUT:-150} bash tools/sanitize.sh memcheck racecheck 2>&1 | tail -n 4
     exit $? ;;
 esac
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv
