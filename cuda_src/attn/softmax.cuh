@@ -88,6 +88,45 @@ __device__ __forceinline__ typename M::T sink_log2(const float* sinks, int h) {
   return sinks != nullptr ? T(sinks[h]) * T(log2e_f64()) : T(neg_inf());
 }
 
+// The merged state of one (row, head) pair's split partials, by one warp (the combine kernel
+// and the decode kernel's last split CTA, sm80/flash_decode.cu; the sm90 split kernels' cluster
+// merge, sm90/cluster_merge.cuh): the total's lse (natural units, and times log2 e), and
+// whether no partial saw a key.  Partial s is the state (m = lse_s, l = 1) in natural units
+// (c = log2 e); the rules above give the total.
+// A partial whose lse is +-inf saw no key: it is neither weighed nor read (its O was never
+// written).  NaN (a NaN score) is weighed.  The lanes hold 32 splits' LSEs at once (lane i:
+// split s0 + i): one round trip per 32 splits.
+struct PartialsTotal {
+  float lse, lse_log2;
+  float lane_lse;  // the LSE of split `lane` (-inf past the splits), as loaded
+  bool empty;      // no partial with a key (NaN: not empty)
+};
+__device__ __forceinline__ bool partial_has_keys(float lse) { return fabsf(lse) != pos_inf(); }
+template <class LoadLse>
+__device__ __forceinline__ PartialsTotal partials_total(int n, float sink, int lane, LoadLse lse_of) {
+  auto lse_at = [&](int s) { return s < n ? lse_of(s) : neg_inf(); };
+  const float l_first = lse_at(lane);  // splits 0 .. 31, kept (decode splits rarely pass 32)
+  float mx = neg_inf();
+  for (int s0 = 0; s0 < n; s0 += 32) {
+    const float l = s0 == 0 ? l_first : lse_at(s0 + lane);
+    if (partial_has_keys(l)) mx = fmaxf(mx, l);  // finite or NaN (fmaxf skips NaN)
+  }
+  mx = fmaxf(warp_max(mx), sink);
+  const float shift = row_shift(mx, kLog2e);
+  float total = 0.f;
+  for (int s0 = 0; s0 < n; s0 += 32) {
+    const float l = s0 == 0 ? l_first : lse_at(s0 + lane);
+    if (partial_has_keys(l)) total += part_weight(l, kLog2e, shift);
+  }
+  total = warp_sum(total) + part_weight(sink, kLog2e, shift);  // sink -inf: + 0
+  PartialsTotal t;
+  t.lane_lse = l_first;
+  t.empty = total == 0.f;
+  t.lse = state_lse(mx, total, kLog2e);
+  t.lse_log2 = t.lse * kLog2e;
+  return t;
+}
+
 template <int kMRep, class M = FastMath>
 struct OnlineSoftmax {
   using T = typename M::T;
