@@ -180,3 +180,49 @@ def test_partials_and_counter_are_kept_per_stream(monkeypatch, keep, dynamic):
     finally:
         _FakeCupy.cuda.stream_ptr = 1
     assert c[0] is not a[0] and (c[2] is None or c[2] is not a[2])
+
+
+@pytest.mark.parametrize("B,ctx,lse_unread,sinks,expect", [
+    (1, 4096, False, False, 16),  # 16 runs of 2 tiles: one cluster, no combine
+    (1, 2048, False, False, 8),
+    (1, 1024, False, False, 4),
+    (1, 100, False, False, 1),     # one split: the plain direct output
+    (1, 32768, False, False, 1),   # 32 splits: more than a cluster holds -> partials + combine
+    (2, 4096, False, False, 1),    # two sequences whose LSE is read in (H, B) order
+    (2, 4096, True, False, 8),     # ... nobody reads it: a cluster of 8 per sequence
+    (1, 4096, False, True, 1),     # sinks join in the combine
+    (20, 4096, True, False, 6),    # 20 x 6 splits = 120 items: one round, clusters of 6
+    (40, 4096, True, False, 3),    # 40 x 3 = 120
+    (50, 4096, True, False, 1),    # 50 sequences fill 0.35 of the SMs: one split, no cluster
+])
+def test_cluster_merge_rule(monkeypatch, B, ctx, lse_unread, sinks, expect):
+    """With the cluster merge built in (FA_SM90_CLUSTER_MERGE=1), a step whose runs fit one
+    round (B x splits <= SMs) and at most MAX_CLUSTER_SIZE splits merges them in one cluster
+    per sequence and stores directly; without the switch no plan makes a cluster."""
+    p = _problem(B=B, max_k=ctx, lse_unread=lse_unread, sinks=sinks)
+    assert ds.swapped_launch(p, SMS).cluster == 1  # the switch is off
+    monkeypatch.setenv("CUPY_FLASHATTN_SM90_DEFINES", "FA_SM90_CLUSTER_MERGE=1")
+    s = ds.swapped_launch(p, SMS)
+    assert s.cluster == expect
+    if expect > 1:
+        assert s.splits == expect and s.direct and not s.dynamic
+        assert s.grid == (B * s.splits, 1, 1) and s.grid[0] % s.cluster == 0
+        (launch,) = describe_launches(p, sm_count=SMS, device_cc=90)
+        assert launch["cluster"] == expect and launch["combine"] is False
+    else:
+        assert s.direct == (s.splits == 1 and ds.direct_output_applies(p))
+    assert ds.swapped_launch(p, SMS, max_cluster=1).cluster == 1
+
+
+def test_cluster_launch_config_matches_cuda_h():
+    """launcher's ctypes mirrors of CUlaunchAttribute (72 bytes: id, pad, 64-byte value) and
+    CUlaunchConfig (56 bytes on 64-bit hosts), which cuLaunchKernelEx reads."""
+    import ctypes
+
+    from cupy_flashattn._cuda import launcher
+
+    assert ctypes.sizeof(launcher._LaunchAttribute) == 72
+    assert launcher._LaunchAttribute.cluster_dim.offset == 8
+    assert ctypes.sizeof(launcher._LaunchConfig) == 56
+    assert [launcher._LaunchConfig.stream.offset, launcher._LaunchConfig.attrs.offset,
+            launcher._LaunchConfig.num_attrs.offset] == [32, 40, 48]

@@ -131,6 +131,10 @@ SM90_SWITCHES.append(("FA_SM90_F32_S_CHAINS=2", 0, cc.shipped_sm90_f32_keys()))
 SM90_SWITCHES += [("FA_SM90_EARLY_Q=1", d, [k for k in SM90_KEYS if k.dtype == "bf16" and k.head_dim == d])
                   for d in (64, 128, 192)]
 SM90_SWITCHES.append(("FA_SM90_EARLY_Q=1", 0, cc.shipped_sm90_f32_keys()))
+#: FA_SM90_CLUSTER_MERGE=1 (stop 48, not yet device-run): the split kernels that can merge their
+#: cluster's splits (kClusterMerge: the buckets with the direct output).
+SM90_SWITCHES += [("FA_SM90_CLUSTER_MERGE=1", d, [k for k in SM90_KEYS if k.dtype == "bf16" and k.split
+                                                  and k.head_dim == d]) for d in (64, 128, 192)]
 
 
 @pytest.mark.parametrize("define, head_dim, keys", SM90_SWITCHES,

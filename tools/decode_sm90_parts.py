@@ -73,10 +73,11 @@ def main(argv=None):
             "step": lambda: plan.run(prob),
             "split kernel": lambda: plan.launch(ptrs),
         }
-        if plan.combine_launch is not None:  # None: the direct output
+        if plan.combine_launch is not None:  # None: the direct output (one split, or a cluster's)
             parts["combine"] = lambda: plan.combine_launch(combine)
         cells = [f"{name} {timer.kernel(fn) * 1e6:.1f}" for name, fn in parts.items()]
-        print(f"B={B} ctx={ctx} H/Hk={H}/{Hk} D={D} page={P} splits={plan.splits} grid={plan.grid[0]}: "
+        print(f"B={B} ctx={ctx} H/Hk={H}/{Hk} D={D} page={P} splits={plan.splits} grid={plan.grid[0]} "
+              f"cluster={getattr(plan, 'cluster', 1)}: "
               + ", ".join(cells) + " us", flush=True)
         del q, k, v, kc, vc, table
         cupy.get_default_memory_pool().free_all_blocks()

@@ -15,6 +15,11 @@
 #   (tools/device_switch_ab.sh's correctness half), 8 shards; then compute-sanitizer memcheck
 #   and racecheck over tools/sanitize_cases.py on that build (EARLY_Q moves a barrier arrival).
 #   When EARLY_Q has become the default, the suite (STEP=suite) covers what this step did.
+# STEP=cluster: the swapped MQA decode with FA_SM90_CLUSTER_MERGE=1 (issue 16's B = 1 step):
+#   tests/gpu/test_decode_sm90.py built with it (its cluster tests, and every other swapped case
+#   under the cluster plan where it applies), compute-sanitizer memcheck / racecheck on a
+#   cluster step, then the step's parts (tools/decode_sm90_parts.py) and bench_decode.py's
+#   B = 1 rows with torch cuDNN in the same process, default and cluster builds alternating.
 # STEP=suite: the whole GPU suite on the default build, 8 shards (tools/gpu_suite_parallel.sh).
 #   OUT=$OUT bash tools/device_stop48.sh; OUT=$OUT STEP=tests bash tools/device_stop48.sh
 set -u
@@ -26,6 +31,35 @@ case "${STEP:-ab}" in
   suite)
     OUT="$OUT/suite" N=8 bash tools/gpu_suite_parallel.sh
     exit $? ;;
+  cluster)
+    CL=FA_SM90_CLUSTER_MERGE=1
+    stamp "precompile the split kernels with $CL"
+    CUPY_FLASHATTN_SM90_DEFINES=$CL CUPY_CACHE_DIR=/tmp/fa_cache_cluster timeout 200 \
+      python3 tools/precompile_parallel.py --jobs 8 --only '_split$' 2>&1 | tail -n 1
+    stamp "test_decode_sm90.py with $CL"
+    CUPY_FLASHATTN_SM90_DEFINES=$CL CUPY_CACHE_DIR=/tmp/fa_cache_cluster timeout 240 \
+      python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_decode_sm90.py > "$OUT/cluster_tests.txt" 2>&1
+    tail -n 5 "$OUT/cluster_tests.txt"
+    stamp "memcheck / racecheck, one cluster step"
+    SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
+    for tool in memcheck racecheck; do
+      CUPY_FLASHATTN_SM90_DEFINES=$CL CUPY_CACHE_DIR=/tmp/fa_cache_cluster timeout 120 \
+        "${SAN:-compute-sanitizer}" --tool $tool --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+        tests/gpu/test_decode_sm90.py -k "test_cluster_merge and ctx300 and bfloat16 and 128" \
+        > "$OUT/cluster_$tool.txt" 2>&1; echo "$tool exit $?: $(grep -E 'ERROR SUMMARY' "$OUT/cluster_$tool.txt" | tail -n 1)"
+    done
+    for r in 1 2; do
+      for defs in "" "$CL"; do
+        stamp "decode_sm90_parts defines='$defs' round $r"
+        cache=/tmp/fa_cupy_cache; [ -n "$defs" ] && cache=/tmp/fa_cache_cluster
+        CUPY_FLASHATTN_SM90_DEFINES=$defs CUPY_CACHE_DIR=$cache timeout 90 python3 tools/decode_sm90_parts.py \
+          --rows 1:2048,1:4096,1:32768,2:4096 --lse-read 2>&1 | tee -a "$OUT/cluster_parts.txt" | tail -n 5
+        CUPY_FLASHATTN_SM90_DEFINES=$defs CUPY_CACHE_DIR=$cache timeout 150 python3 benchmarks/bench_decode.py \
+          --rows 1:4096,1:32768 --heads 32/1 --pages 16 --out "$OUT/bench_cluster_${r}_${defs:+on}" 2>&1 \
+          | tee -a "$OUT/cluster_bench.txt" | grep -iE "B=1|cudnn|ours" | head -n 12
+      done
+    done
+    exit 0 ;;
   tests)
     OUT=$OUT SETS=$SWITCHES SKIP_BENCH=1 bash tools/device_switch_ab.sh
     CUPY_FLASHATTN_SM90_DEFINES=$SWITCHES CUPY_CACHE_DIR=/tmp/fa_cache_switch_all OUT="$OUT/sanitize" \

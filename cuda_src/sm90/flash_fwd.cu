@@ -31,6 +31,7 @@
 #include "wgmma.cuh"
 #include "wgmma_ops.cuh"
 #include "diag_timeline.cuh"
+#include "cluster_merge.cuh"
 
 namespace fa {
 
@@ -957,6 +958,14 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
     if constexpr (!Tr::kSeparateO) pipe::bar_arrive(sm.q_empty());
     float lse[1][2];
     softmax.finalize(acc_o, c, lse, sink_log2(p.sinks, bidh));  // no sinks here (SplitOut)
+    if constexpr (Tr::kClusterMerge) {
+      if (cluster_merge_launch(so.oaccum, so.num_splits)) {  // sm90/cluster_merge.cuh
+        // Both warpgroups' last products have completed: Q's buffer and the ring are free.
+        pipe::named_sync(Tr::kConsumersBar, 256);
+        ClusterStage<Tr>::stage(sm.q, acc_o, lse, cw, warp, lane, rows_valid);
+        return;
+      }
+    }
     if (!Tr::kSplitDirectOut || so.oaccum != nullptr) {
       const i64 part_row = (i64)w.split * p.total_q + si.q_start + m0;  // of the tile's row 0
       float* o_part = so.oaccum + (part_row * p.num_heads + bidh) * p.head_dim;
@@ -1011,6 +1020,28 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
     pipe::fence_async_shared();  // these generic reads / writes before the next Q's TMA write
     pipe::bar_arrive(sm.q_empty());
   }
+}
+
+// The consumers' part of a cluster-merged split launch (sm90/cluster_merge.cuh), after their
+// persistent loop (one round: this CTA ran split cluster::rank() of tile blockIdx.x / splits,
+// and its rows are staged): every CTA's rows staged -> this CTA merges rows rank, rank + n, ...
+// of the tile, a warp a row -> no CTA leaves while a peer may still read its rows.
+// `ctid`: 0 .. 255 over the two consumer warpgroups.
+template <class Tr, class Elem, bool Is_paged>
+__device__ __forceinline__ void cluster_merge(const FwdParams& p, const Sm90Smem<Tr>& sm, int ctid) {
+  constexpr int kWarps = 4 * Tr::kConsumerWGs;
+  cluster::sync();
+  const int n = cluster::size(), rank = cluster::rank();
+  Sm90Tile w;
+  if (tile_at<Tr, Is_paged, true>(p, (int)blockIdx.x, w, nullptr, NoPost{}, n)) {
+    const int lane = ctid & 31;
+    u16* out_tile = p.o + (i64)(w.si.q_start + w.m0) * p.o_row_stride + (i64)w.bidh * p.o_head_stride;
+    float* lse_tile = p.lse + (i64)w.bidh * p.lse_head_stride + w.si.q_start + w.m0;
+    for (int row = rank + n * (ctid >> 5); row < w.rows_valid; row += n * kWarps)
+      cluster_merge_row<Tr, Elem>(sm.q, row, n, lane, p.head_dim, out_tile + (i64)row * p.o_row_stride,
+                                  lse_tile + row);
+  }
+  cluster::sync();
 }
 
 // `sc`: the float32 kernel's plane scales (Tr::kPlanes = 2; unused otherwise).
@@ -1084,6 +1115,12 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
         producer_tma<Tr, false>(p, w, sm, maps, it, tidx, id, tile);
       }
     }
+    if constexpr (Is_split && Tr::kClusterMerge) {
+      if (cluster_merge_launch(so.oaccum, so.num_splits)) {  // the consumers' two barriers
+        cluster::sync();
+        cluster::sync();
+      }
+    }
   } else {
     pipe::regs_alloc<Tr::kConsumerRegs>();
     const int cw = wg - 1;
@@ -1110,6 +1147,9 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
       ++tq;
     }
     FA_TL_SPAN(tidx == 128, true);
+    if constexpr (Is_split && Tr::kClusterMerge) {
+      if (cluster_merge_launch(so.oaccum, so.num_splits)) cluster_merge<Tr, Elem, Is_paged>(p, sm, tidx - 128);
+    }
   }
 }
 

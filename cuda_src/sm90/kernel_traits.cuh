@@ -106,6 +106,12 @@
 #ifndef FA_SM90_EARLY_Q
 #define FA_SM90_EARLY_Q 0
 #endif
+// FA_SM90_CLUSTER_MERGE (sm90/cluster_merge.cuh; stop 48, off until a device run measures it):
+// the split kernels can merge a one-round launch's splits inside a thread-block cluster; the
+// host launches them so (_cuda/decode_sm90.py) only when the define is on.
+#ifndef FA_SM90_CLUSTER_MERGE
+#define FA_SM90_CLUSTER_MERGE 0
+#endif
 #ifndef FA_SM90_TRIMS_MIN_D  // 64: D = 64 takes them too (the A/B of stop 47's -5%)
 #define FA_SM90_TRIMS_MIN_D 65
 #endif
@@ -141,9 +147,11 @@ struct Sm90FwdTraitsBase {
   // Named barriers (id 0 is __syncthreads): 1 and 2 the ping-pong turns of consumer warpgroups
   // 0 and 1, kEpilogueBar + cw the epilogue of consumer warpgroup cw, kProducerBar the
   // producer warpgroup's (the paged gather's ids).  16 exist.
+  // kConsumersBar: both consumer warpgroups (256 threads; the cluster merge's staging).
   static constexpr int kEpilogueBar = 3;
   static constexpr int kProducerBar = kEpilogueBar + kConsumerWGs;
-  static_assert(kProducerBar < 16, "named barrier ids");
+  static constexpr int kConsumersBar = kProducerBar + 1;
+  static_assert(kConsumersBar < 16, "named barrier ids");
 
   // Whether the consumers overlap the softmax of tile n with P V of tile n + 1 (flash_fwd.cu).
   // Measured with ping-pong on (NOTES.md sm90-v3, bf16 S = 4k, TFLOP/s with / without): D = 64
@@ -164,6 +172,10 @@ struct Sm90FwdTraitsBase {
   // straight into the output (no partials, no combine: _cuda/decode_sm90.py's direct launch).
   // Not at D = 256: the second epilogue costs the paged kernels 12 bytes of spills (ptxas).
   static constexpr bool kSplitDirectOut = kHeadDim <= 192;
+  // Whether the split kernels can merge a one-round launch's splits inside a thread-block
+  // cluster (FA_SM90_CLUSTER_MERGE, sm90/cluster_merge.cuh; off until a device run measures it):
+  // where the direct output is (the same host rule decides: _cuda/decode_sm90.py), 16-bit.
+  static constexpr bool kClusterMerge = FA_SM90_CLUSTER_MERGE && kSplitDirectOut && kPlanes_ == 1;
 
   static constexpr int kNTiles = kBlockN / 8;    // n8 tiles of S per row
   // The issue-slot trims above (FA_SM90_WAIT_HINT_NS, FA_SM90_DESC_ADD, FA_SM90_PV_WIDE): on

@@ -18,6 +18,13 @@ tiles as ``splits`` runs on as many persistent CTAs; the decode combine kernel
 (sm80/flash_decode.cu combine_states, also for one split: it writes the LSE, whose (H, B) layout
 the swapped kernel cannot) merges them into ``out`` and ``softmax_lse``.
 
+With ``FA_SM90_CLUSTER_MERGE=1`` in ``CUPY_FLASHATTN_SM90_DEFINES`` (an A/B switch until a
+device run has measured it), a step whose runs fit one round of the persistent grid, at most
+MAX_CLUSTER_SIZE splits, launches each sequence's splits as one thread-block cluster that merges
+them in distributed shared memory and stores ``out`` and the LSE itself (sm90/cluster_merge.cuh):
+no partials and no combine launch, where the direct output's rules allow (no sinks; one
+sequence or an LSE nobody reads).
+
 ``CUPY_FLASHATTN_DECODE_SM90=0`` keeps every decode step on the mma.sync decode kernel (the
 A/B baseline).  Like the other switches it is read when a call's plan is made: set it before
 the calls (the front end's call cache replays a plan for calls of the same signature)."""
@@ -34,7 +41,7 @@ from .compile import (SM90_HEAD_DIM_BUCKETS, SM90_SPLIT_ARGS, SM90_SPLIT_UNSHIPP
 from .decode import (COMBINE_ARGS, COMBINE_PAIRS_PER_CTA, COMBINE_THREADS,
                      SplitPartials, _combine_kernel, _elem_code, _es, _sm_count, combine_values)
 from .launch import needs_transform, prefill_arch
-from .launcher import Launch, TmaLaunch
+from .launcher import MAX_CLUSTER_SIZE, ClusterLaunch, Launch, TmaLaunch
 from .per_stream import PerStream
 from .schedule import new_tile_counter, uniform_lengths
 from .tma import fwd_geometries
@@ -86,6 +93,16 @@ SWAP_DIRECT_MIN_FILL = 0.35
 
 def _enabled() -> bool:
     return os.environ.get(DECODE_SM90_ENV, "1").strip() != "0"
+
+
+def cluster_merge_enabled() -> bool:
+    """Whether the split kernels are built with the cluster merge (FA_SM90_CLUSTER_MERGE=1 in
+    $CUPY_FLASHATTN_SM90_DEFINES, the kernels' A/B switches): only then may a plan launch them
+    as clusters without partials -- a kernel built without it would store every split's rows
+    over each other."""
+    from .compile import _tuning_defines
+
+    return "-DFA_SM90_CLUSTER_MERGE=1" in _tuning_defines()
 
 
 def swapped_decode_applies(problem: AttentionProblem, device_cc=None) -> bool:
@@ -202,11 +219,17 @@ class SwappedLaunch:
     tiles_m: int  # query tiles per sequence of the swapped view: ceil(H / block_m)
     grid: tuple  # (persistent CTAs, 1, 1): one per work item up to one per SM
     dynamic: bool  # the CTAs claim items from a counter (lengths on the device)
-    direct: bool  # one split stored straight into out / softmax_lse: no partials, no combine
+    direct: bool  # stored straight into out / softmax_lse: no partials, no combine
+    cluster: int = 1  # > 1: each tile's splits run as one cluster that merges them (direct)
 
 
-def swapped_launch(problem: AttentionProblem, sm_count: int) -> SwappedLaunch:
-    """Kernel, split count and persistent grid of a swapped decode step on ``sm_count`` SMs."""
+def swapped_launch(problem: AttentionProblem, sm_count: int, max_cluster=None) -> SwappedLaunch:
+    """Kernel, split count and persistent grid of a swapped decode step on ``sm_count`` SMs.
+
+    ``max_cluster``: the largest cluster the step may merge its splits in (default
+    MAX_CLUSTER_SIZE where cluster_merge_enabled(), else 1: none).  A cluster needs the direct
+    output's rules, more than one split and at most max_cluster of them, and every work item
+    on its own CTA (one round: CTA c runs split c % splits, the cluster rank)."""
     p = problem
     key = KernelKey(kernel_dtype_tag(p.q.dtype), bucket_for(p.head_dim, SM90_HEAD_DIM_BUCKETS),
                     needs_transform(p), p.paged, "sm90", split=True)
@@ -215,10 +238,14 @@ def swapped_launch(problem: AttentionProblem, sm_count: int) -> SwappedLaunch:
     tiles_m = -(-p.num_heads // tr.block_m)
     items = tiles_m * int(p.batch_size) * splits
     grid = (max(1, min(items, int(sm_count))), 1, 1)
+    if max_cluster is None:
+        max_cluster = MAX_CLUSTER_SIZE if cluster_merge_enabled() else 1
+    direct = direct_output_applies(p)
+    cluster = splits if direct and 1 < splits <= max_cluster and items <= int(sm_count) else 1
     # The prefill launches' rule (schedule.dynamic_schedule): claims from a counter where the
     # lengths are on the device and there are fewer CTAs than items.
     return SwappedLaunch(key, splits, tiles_m, grid, grid[0] < items and not uniform_lengths(p),
-                         splits == 1 and direct_output_applies(p))
+                         direct and (splits == 1 or cluster > 1), cluster)
 
 
 def swapped_decode_plan(problem: AttentionProblem, sm_count: int) -> dict:
@@ -227,7 +254,7 @@ def swapped_decode_plan(problem: AttentionProblem, sm_count: int) -> dict:
     tr = key_traits(s.key)
     return dict(kind="decode_sm90", kernel=s.key.name, arch="sm90", grid=s.grid,
                 block=(tr.num_threads,), smem=tr.smem_bytes, splits=s.splits, len_q=(1, 1),
-                combine=not s.direct)
+                combine=not s.direct, cluster=s.cluster)
 
 
 class Sm90DecodePlan:
@@ -247,23 +274,29 @@ class Sm90DecodePlan:
 
             sm_count = _sm_count(cupy.cuda.Device().id)
         s = swapped_launch(p, sm_count)
+        tr = key_traits(s.key)
+        ops = Operands(view, compute_dtype(s.key.dtype))
+        assert ops.direct, "swapped_decode_applies admits only arrays the kernel reads in place"
+        values = ops.fwd_values(tiles_m=s.tiles_m)
+        values.update(tile_counter=None, oaccum=None, lse_accum=None, num_splits=s.splits)
+        args = (get_kernel(s.key), s.grid, (tr.num_threads,), tr.smem_bytes, SM90_SPLIT_ARGS,
+                SM90_SPLIT_ARGS.new(values), fwd_geometries(values, tr.block_m, tr.block_n, p.paged))
+        self.launch = ClusterLaunch(*args, s.cluster) if s.cluster > 1 else None
+        if self.launch is not None and self.launch.max_active_clusters() < 1:
+            s = swapped_launch(p, sm_count, max_cluster=1)  # no GPC takes the cluster: combine
+            self.launch = None
+        if self.launch is None:
+            self.launch = TmaLaunch(*args)
         self.key, self.splits, self.tiles_m, self.grid = s.key, s.splits, s.tiles_m, s.grid
         self.dynamic = s.dynamic  # lengths on the device: CTAs claim items from a counter
-        # One split stored straight into out / softmax_lse (direct_output_applies): no
-        # partials and no combine launch.
+        self.cluster = s.cluster
+        # Stored straight into out / softmax_lse (direct_output_applies): one split, or the
+        # splits merged in their cluster; no partials and no combine launch.
         self.direct_out = s.direct
-        tr = key_traits(self.key)
         B, H, D = int(p.batch_size), p.num_heads, p.head_dim
         self.oacc_shape = (self.splits, B, H, D)
         self.lacc_shape = (self.splits, B * H)
         self._init_buffers()
-        ops = Operands(view, compute_dtype(self.key.dtype))
-        assert ops.direct, "swapped_decode_applies admits only arrays the kernel reads in place"
-        values = ops.fwd_values(tiles_m=self.tiles_m)
-        values.update(tile_counter=None, oaccum=None, lse_accum=None, num_splits=self.splits)
-        self.launch = TmaLaunch(get_kernel(self.key), self.grid, (tr.num_threads,), tr.smem_bytes,
-                                SM90_SPLIT_ARGS, SM90_SPLIT_ARGS.new(values),
-                                fwd_geometries(values, tr.block_m, tr.block_n, p.paged))
         self.combine_launch = None
         if self.direct_out:
             return

@@ -21,11 +21,13 @@ Safety:
 
 from __future__ import annotations
 
+import ctypes
+import sys
 import threading
 
 import numpy as np
 
-__all__ = ["Launch", "TmaLaunch", "launch_packed"]
+__all__ = ["ClusterLaunch", "Launch", "TmaLaunch", "launch_packed"]
 
 
 _LAUNCH_KERNEL = None  # cupy_backends' driver.launchKernel, imported on first use (CuPy optional)
@@ -117,6 +119,102 @@ class TmaLaunch(Launch):
                 # not the memoryview of its words.
                 self.pack.write_map(self._buffers()[0], i, geo, address)
                 encoded[i] = address
+
+
+#: cuda.h values: CUlaunchAttributeID CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, CUfunction_attribute
+#: CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED.
+_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
+_CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
+#: Thread-block clusters on sm_90: every GPU runs 8 CTAs a cluster (CUDA's portable size); up to
+#: 16 with the kernel's non-portable attribute, where a GPC has that many SMs free for it
+#: (:meth:`ClusterLaunch.max_active_clusters` asks the driver).
+PORTABLE_CLUSTER_SIZE = 8
+MAX_CLUSTER_SIZE = 16
+
+
+class _LaunchAttribute(ctypes.Structure):
+    """cuda.h ``CUlaunchAttribute``: the id, padding to 8 bytes, a 64-byte value union whose
+    first three unsigned ints are ``clusterDim`` {x, y, z}."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("cluster_dim", ctypes.c_uint * 3),
+                ("value_pad", ctypes.c_char * 52)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """cuda.h ``CUlaunchConfig`` (cuLaunchKernelEx's and cuOccupancyMaxActiveClusters' argument)."""
+
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("shared_mem_bytes", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+_DRIVER: dict = {}
+
+
+def _driver_function(name: str, argtypes):
+    """A driver API function through ctypes, bound once (tma.py binds its encoder the same way:
+    CuPy exposes neither cuLaunchKernelEx nor the cluster occupancy query)."""
+    fn = _DRIVER.get(name)
+    if fn is None:
+        lib = ctypes.WinDLL("nvcuda.dll") if sys.platform == "win32" else ctypes.CDLL("libcuda.so.1")
+        fn = getattr(lib, name)
+        fn.restype = ctypes.c_int
+        fn.argtypes = argtypes
+        _DRIVER[name] = fn
+    return fn
+
+
+class ClusterLaunch(TmaLaunch):
+    """A :class:`TmaLaunch` whose CTAs run as thread-block clusters of ``cluster`` CTAs along x
+    (``cuLaunchKernelEx`` with a cluster dimension; the sm90 split kernels' cluster merge,
+    cuda_src/sm90/cluster_merge.cuh).  The grid's x must be a multiple of ``cluster``.  Above
+    PORTABLE_CLUSTER_SIZE the kernel is given the driver's non-portable attribute; whether the
+    device can run such a cluster at all is :meth:`max_active_clusters` (the plan asks once)."""
+
+    def __init__(self, kernel, grid, block, smem: int, pack, template: np.ndarray, geometries,
+                 cluster: int):
+        super().__init__(kernel, grid, block, smem, pack, template, geometries)
+        if not 1 < cluster <= MAX_CLUSTER_SIZE or self.dims[0] % cluster:
+            raise ValueError(f"a cluster of {cluster} CTAs does not tile the grid {self.dims[:3]}")
+        self.cluster = int(cluster)
+        if cluster > PORTABLE_CLUSTER_SIZE:
+            from cupy_backends.cuda.api import driver
+
+            driver.funcSetAttribute(self.function_ptr,
+                                    _CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+        self._attr = _LaunchAttribute(id=_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+                                      cluster_dim=(ctypes.c_uint * 3)(self.cluster, 1, 1))
+
+    def _config(self, stream_ptr: int) -> _LaunchConfig:
+        """This thread's launch configuration (kept: it points at the plan's attribute)."""
+        config = getattr(self._local, "config", None)
+        if config is None:
+            gx, gy, gz, bx, by, bz = self.dims
+            config = self._local.config = _LaunchConfig(
+                (ctypes.c_uint * 3)(gx, gy, gz), (ctypes.c_uint * 3)(bx, by, bz), self.smem, None,
+                ctypes.pointer(self._attr), 1)
+        config.stream = stream_ptr
+        return config
+
+    def max_active_clusters(self) -> int:
+        """How many of these clusters the device can hold at once (0: it cannot launch one --
+        e.g. 16 CTAs of this shared memory where no GPC has 16 SMs)."""
+        fn = _driver_function("cuOccupancyMaxActiveClusters",
+                              [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
+                               ctypes.POINTER(_LaunchConfig)])
+        count = ctypes.c_int(0)
+        err = fn(ctypes.byref(count), self.function_ptr, ctypes.byref(self._config(None)))
+        return int(count.value) if err == 0 else 0
+
+    def __call__(self, pointers: dict) -> None:
+        _words, _params, params_ptr, view = self._buffers()
+        self._bind(view, pointers)
+        fn = _driver_function("cuLaunchKernelEx", [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
+                                                   ctypes.c_void_p, ctypes.c_void_p])
+        err = fn(ctypes.byref(self._config(_CURRENT_STREAM().ptr)), self.function_ptr, params_ptr, None)
+        if err != 0:
+            raise RuntimeError(f"cuLaunchKernelEx (a cluster of {self.cluster} CTAs) failed: CUresult "
+                               f"{err}")
 
 
 def launch_packed(kernel, grid, block, packed: np.ndarray, smem: int = 0) -> None:

@@ -256,3 +256,55 @@ def test_through_with_kvcache_and_graph_replay():
             expected = call()
             stream.synchronize()
             assert cupy.array_equal(out_graph.view(np.uint16), expected.view(np.uint16))
+
+
+# -- the cluster merge (FA_SM90_CLUSTER_MERGE, sm90/cluster_merge.cuh) --------------------------
+
+CLUSTER_CASES = {
+    # name: make_problem arguments (beyond d); the plan must pick a cluster of `cluster` CTAs
+    "ctx4096": (dict(h=32, lens_q=[1], lens_k=[4096], page=16), 16),
+    "ctx2048_dense": (dict(h=32, lens_q=[1], lens_k=[2048], page=0), 8),
+    "ctx1025_page48": (dict(h=32, lens_q=[1], lens_k=[1025], page=48, num_splits=5), 5),
+    "ctx300_split3": (dict(h=48, lens_q=[1], lens_k=[300], page=7, num_splits=3), 3),
+    "h160_two_tiles": (dict(h=160, lens_q=[1], lens_k=[1500], page=16), None),
+}
+
+
+@pytest.mark.parametrize("dt", [F16, BF16], ids=str)
+@pytest.mark.parametrize("d", [64, 128, 192])
+@pytest.mark.parametrize("case", list(CLUSTER_CASES))
+def test_cluster_merge(monkeypatch, dt, d, case):
+    """Split runs merged inside their thread-block cluster (no partials, no combine launch):
+    one sequence, page sizes loaded by box (16) and gathered (7, 48), forced split counts, a
+    partial last tile, 48 heads (a partial warpgroup) and 160 (two query tiles, a cluster
+    each); out and the LSE against the float64 reference, poisoned with NaN before."""
+    monkeypatch.setenv("CUPY_FLASHATTN_SM90_DEFINES", "FA_SM90_CLUSTER_MERGE=1")
+    kwargs, cluster = CLUSTER_CASES[case]
+    rng = np.random.default_rng(d + len(case))
+    p = make_problem(rng, dt=dt, d=d, hk=1, **kwargs)
+    launch = _launch(p)
+    assert launch["combine"] is False and launch["cluster"] > 1
+    if cluster is not None:
+        assert launch["cluster"] == cluster == launch["splits"]
+    run(p)
+
+
+def test_cluster_merge_of_a_batch_whose_lse_nobody_reads(monkeypatch):
+    """Four sequences of different lengths (one shorter than a split's run: its cluster has
+    runs without keys), LSE unread: a cluster per sequence, out checked against the reference."""
+    from cupy_flashattn import _cuda
+    from test_gpu_decode import EPS, problem_ref
+
+    monkeypatch.setenv("CUPY_FLASHATTN_SM90_DEFINES", "FA_SM90_CLUSTER_MERGE=1")
+    rng = np.random.default_rng(3)
+    p = make_problem(rng, d=128, h=32, hk=1, lens_q=[1] * 4, lens_k=[4096, 1, 700, 2049], page=16)
+    p.lse_unread = True
+    launch = _launch(p)
+    assert launch["combine"] is False and launch["cluster"] == launch["splits"] > 1
+    _cuda.run_attention(p)
+    out = cupy.asnumpy(p.out).astype(np.float64)
+    ref, _ = problem_ref(p)
+    naive, _ = problem_ref(p, upcast=False)
+    assert not np.isnan(out).any()
+    bound = 2 * np.abs(naive.astype(np.float64) - ref).max() + EPS[np.dtype(p.q.dtype)]
+    assert np.abs(out - ref).max() <= bound
