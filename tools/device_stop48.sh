@@ -20,8 +20,14 @@
 #   under the cluster plan where it applies), compute-sanitizer memcheck / racecheck on a
 #   cluster step, then the step's parts (tools/decode_sm90_parts.py) and bench_decode.py's
 #   B = 1 rows with torch cuDNN in the same process, default and cluster builds alternating.
+# STEP=ncu: Nsight Compute facts for issue 12's "what stands between the kernel and 1.05x":
+#   instructions per SASS opcode of ours against cuDNN's kernel (D = 128 S = 2k, D = 64 S = 2k
+#   causal) and of paged D = 256 against dense (tools/ncu_opcodes.sh), then stall reasons
+#   (tools/ncu_sm90.sh), on the default build and with FA_SM90_EARLY_Q=1.
 # STEP=suite: the whole GPU suite on the default build, 8 shards (tools/gpu_suite_parallel.sh).
-#   OUT=$OUT bash tools/device_stop48.sh; OUT=$OUT STEP=tests bash tools/device_stop48.sh
+# A device call brings back at most 8 files: log into a scratch folder and tar it into $OUT,
+# with the script under a timeout so that the tar always runs, e.g. (the run tool's command):
+#   d=/tmp/s48; STEP=ab OUT=$d timeout 560 bash tools/device_stop48.sh; tar czf $OUT/s48_ab.tgz -C $d .
 set -u
 cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-/tmp/fa_stop48}; mkdir -p "$OUT"
@@ -59,6 +65,12 @@ case "${STEP:-ab}" in
           | tee -a "$OUT/cluster_bench.txt" | grep -iE "B=1|cudnn|ours" | head -n 12
       done
     done
+    exit 0 ;;
+  ncu)
+    OUT="$OUT/ncu_ops" CASES="128,2048,0,0;128,2048,0,0,FA_SM90_EARLY_Q=1;128,2048,0,0,,cudnn;64,2048,1,0;64,2048,1,0,,cudnn;256,2048,0,0;256,2048,0,16" \
+      NCU_TIMEOUT=120 bash tools/ncu_opcodes.sh 2>&1 | tail -n 60
+    OUT="$OUT/ncu_stalls" CASES="128,2048,0;64,2048,1;256,2048,0,16" PRECOMPILE=0 NCU_TIMEOUT=120 \
+      bash tools/ncu_sm90.sh 2>&1 | tail -n 40
     exit 0 ;;
   tests)
     OUT=$OUT SETS=$SWITCHES SKIP_BENCH=1 bash tools/device_switch_ab.sh
