@@ -94,3 +94,38 @@ def test_tma_launch_encodes_only_the_maps_whose_array_moved(recorder):
     run({"q": _Arr(0x40), "k": _Arr(0x20), "v": _Arr(0x50)})
     assert encoded == [(base, 0x40)]  # only q moved (v has no map)
     assert len(recorder) == 3
+
+
+def test_cluster_launch_hands_cuLaunchKernelEx_a_cluster_dimension(recorder, monkeypatch):
+    """ClusterLaunch (the sm90 split kernels' cluster merge): the config carries the grid, the
+    block, the shared memory, the current stream and one attribute, the cluster dimension
+    (id 4, {cluster, 1, 1}); kernelParams is the thread's struct, as for cuLaunchKernel.  A
+    cluster that does not tile the grid is refused before any launch; above the portable 8
+    CTAs the kernel is given the non-portable attribute (id 14)."""
+    seen, attributes = [], []
+
+    def launch_ex(config_ptr, fn, params, extra):
+        c = config_ptr._obj
+        a = c.attrs.contents
+        seen.append(dict(grid=tuple(c.grid), block=tuple(c.block), smem=c.shared_mem_bytes,
+                         stream=c.stream, num_attrs=c.num_attrs, attr=(a.id, tuple(a.cluster_dim)),
+                         fn=fn, words=ctypes.c_uint64.from_address(params).value))
+        return 0
+
+    monkeypatch.setitem(launcher._DRIVER, "cuLaunchKernelEx", launch_ex)
+    from cupy_backends.cuda.api import driver
+
+    monkeypatch.setattr(driver, "funcSetAttribute", lambda fn, attr, value: attributes.append((fn, attr, value)))
+    template = SM90_ARGS.new(_values(SM90_ARGS))
+    run = launcher.ClusterLaunch(_Kernel(), (16,), (384,), 1 << 17, SM90_ARGS, template, None, 8)
+    run({"q": _Arr(0x10), "k": _Arr(0x20), "v": _Arr(0x30)})
+    words = run._buffers()[0]
+    assert seen == [dict(grid=(16, 1, 1), block=(384, 1, 1), smem=1 << 17, stream=7, num_attrs=1,
+                         attr=(4, (8, 1, 1)), fn=0xF00D, words=words.ctypes.data)]
+    assert words[SM90_ARGS.pointer_words["v"]] == 0x30 and recorder == []  # not cuLaunchKernel
+    assert attributes == []  # 8: portable
+    launcher.ClusterLaunch(_Kernel(), (32,), (384,), 0, SM90_ARGS, template, None, 16)
+    assert attributes == [(0xF00D, 14, 1)]
+    for grid, cluster in (((12,), 8), ((16,), 1), ((34,), 17)):
+        with pytest.raises(ValueError, match="does not tile"):
+            launcher.ClusterLaunch(_Kernel(), grid, (384,), 0, SM90_ARGS, template, None, cluster)

@@ -199,9 +199,12 @@ class ClusterLaunch(TmaLaunch):
     def max_active_clusters(self) -> int:
         """How many of these clusters the device can hold at once (0: it cannot launch one --
         e.g. 16 CTAs of this shared memory where no GPC has 16 SMs)."""
-        fn = _driver_function("cuOccupancyMaxActiveClusters",
-                              [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
-                               ctypes.POINTER(_LaunchConfig)])
+        try:
+            fn = _driver_function("cuOccupancyMaxActiveClusters",
+                                  [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
+                                   ctypes.POINTER(_LaunchConfig)])
+        except (AttributeError, OSError):  # a driver without it (before CUDA 12.0): no clusters
+            return 0
         count = ctypes.c_int(0)
         err = fn(ctypes.byref(count), self.function_ptr, ctypes.byref(self._config(None)))
         return int(count.value) if err == 0 else 0
