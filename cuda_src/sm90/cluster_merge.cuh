@@ -80,7 +80,10 @@ struct ClusterStage {
   }
 
   // A consumer warpgroup's rows (its accumulators after softmax.finalize: O / l) and their
-  // LSEs; rows from rows_valid on are not staged (no CTA reads them).
+  // LSEs; rows from rows_valid on are not staged (no CTA reads them).  The walk over the
+  // accumulators is flash_fwd.cu store_rows' (rows g, g + 8; columns 8 dt + 2 t): a visitor
+  // shared by the two changed the shipped split kernels' machine code, which no device could
+  // test this session (stop 48), so it waits for a session that can.
   __device__ static void stage(u32 base, const float (&acc_o)[1][Tr::kDTiles][4],
                                const float (&lse_rows)[1][2], int cw, int warp, int lane,
                                int rows_valid) {
