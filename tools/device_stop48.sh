@@ -18,8 +18,9 @@
 # STEP=cluster: the swapped MQA decode with FA_SM90_CLUSTER_MERGE=1 (issue 16's B = 1 step):
 #   tests/gpu/test_decode_sm90.py built with it (its cluster tests, and every other swapped case
 #   under the cluster plan where it applies), compute-sanitizer memcheck / racecheck on a
-#   cluster step, then the step's parts (tools/decode_sm90_parts.py) and bench_decode.py's
-#   B = 1 rows with torch cuDNN in the same process, default and cluster builds alternating.
+#   cluster step.  STEP=cluster_time (same machine, after STEP=cluster: its kernel cache): the
+#   step's parts (tools/decode_sm90_parts.py) and bench_decode.py's B = 1 rows with torch
+#   cuDNN in the same process, default and cluster builds alternating.
 # STEP=ncu: Nsight Compute facts for issue 12's "what stands between the kernel and 1.05x":
 #   instructions per SASS opcode of ours against cuDNN's kernel (D = 128 S = 2k, D = 64 S = 2k
 #   causal) and of paged D = 256 against dense (tools/ncu_opcodes.sh), then stall reasons
@@ -54,6 +55,9 @@ case "${STEP:-ab}" in
         tests/gpu/test_decode_sm90.py -k "test_cluster_merge and ctx300 and bfloat16 and 128" \
         > "$OUT/cluster_$tool.txt" 2>&1; echo "$tool exit $?: $(grep -E 'ERROR SUMMARY' "$OUT/cluster_$tool.txt" | tail -n 1)"
     done
+    exit 0 ;;
+  cluster_time)
+    CL=FA_SM90_CLUSTER_MERGE=1
     for r in 1 2; do
       for defs in "" "$CL"; do
         stamp "decode_sm90_parts defines='$defs' round $r"
