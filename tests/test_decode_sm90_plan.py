@@ -99,11 +99,12 @@ def test_split_counts(B, ctx, splits):
     (32, 8192, True, 4, False),  # below the fill: splits and the combine win (stop 45)
     (300, 4096, True, 1, True),
     (1, 100, False, 1, True),  # one sequence: the kernel's (B, H) LSE is the caller's (H, B)
-    (1, 4096, False, 16, False),
+    (1, 4096, False, 16, True),  # 16 splits merged in their cluster (test_cluster_merge_rule)
 ])
 def test_direct_output(B, ctx, lse_unread, splits, direct):
-    """Where one split stores straight into out / softmax_lse (SWAP_DIRECT_MIN_FILL,
-    direct_output_applies), which describe_launches reports as a launch without combine."""
+    """Where one split (or a cluster of them) stores straight into out / softmax_lse
+    (SWAP_DIRECT_MIN_FILL, direct_output_applies), which describe_launches reports as a launch
+    without combine."""
     p = _problem(B=B, max_k=ctx, lse_unread=lse_unread)
     s = ds.swapped_launch(p, SMS)
     assert (s.splits, s.direct) == (splits, direct)
@@ -191,17 +192,19 @@ def test_partials_and_counter_are_kept_per_stream(monkeypatch, keep, dynamic):
     (2, 4096, False, False, 1),    # two sequences whose LSE is read in (H, B) order
     (2, 4096, True, False, 8),     # ... nobody reads it: a cluster of 8 per sequence
     (1, 4096, False, True, 1),     # sinks join in the combine
-    (20, 4096, True, False, 6),    # 20 x 6 splits = 120 items: one round, clusters of 6
-    (40, 4096, True, False, 3),    # 40 x 3 = 120
+    (8, 4096, True, False, 8),     # 8 x 8 splits = 64 CTAs: at most half the SMs
+    (20, 4096, True, False, 1),    # 20 x 6 = 120 CTAs: clusters pack badly (stop 48)
+    (40, 4096, True, False, 1),    # 40 x 3 = 120
     (50, 4096, True, False, 1),    # 50 sequences fill 0.35 of the SMs: one split, no cluster
 ])
 def test_cluster_merge_rule(monkeypatch, B, ctx, lse_unread, sinks, expect):
-    """With the cluster merge built in (FA_SM90_CLUSTER_MERGE=1), a step whose runs fit one
-    round (B x splits <= SMs) and at most MAX_CLUSTER_SIZE splits merges them in one cluster
-    per sequence and stores directly; without the switch no plan makes a cluster."""
+    """A step whose runs take at most CLUSTER_MAX_FILL of the SMs and at most
+    MAX_CLUSTER_SIZE splits merges them in one cluster per sequence and stores directly;
+    FA_SM90_CLUSTER_MERGE=0 (the kernels built without it) makes no cluster."""
     p = _problem(B=B, max_k=ctx, lse_unread=lse_unread, sinks=sinks)
-    assert ds.swapped_launch(p, SMS).cluster == 1  # the switch is off
-    monkeypatch.setenv("CUPY_FLASHATTN_SM90_DEFINES", "FA_SM90_CLUSTER_MERGE=1")
+    monkeypatch.setenv("CUPY_FLASHATTN_SM90_DEFINES", "FA_SM90_CLUSTER_MERGE=0")
+    assert ds.swapped_launch(p, SMS).cluster == 1
+    monkeypatch.delenv("CUPY_FLASHATTN_SM90_DEFINES")
     s = ds.swapped_launch(p, SMS)
     assert s.cluster == expect
     if expect > 1:

@@ -91,26 +91,31 @@
 #ifndef FA_SM90_PV_WIDE
 #define FA_SM90_PV_WIDE 1
 #endif
-// FA_SM90_EARLY_Q (flash_fwd.cu consumer; stop 48, off until a device run measures it): where
-// O has its own staging buffer (kSeparateO), each consumer releases Q right after its last
-// Q K^T of the tile instead of after the epilogue, so the producer loads the next tile's Q --
-// and, right behind it, its first K / V, whose ring stages are free by then -- under the last
-// softmax, P V and epilogue.
+// FA_SM90_EARLY_Q (flash_fwd.cu consumer; stop 48): where O has its own staging buffer
+// (kSeparateO), each consumer releases Q right after its last Q K^T of the tile instead of
+// after the epilogue, so the producer loads the next tile's Q -- and, right behind it, its
+// first K / V, whose ring stages are free by then -- under the last softmax, P V and epilogue.
+// Measured (stop 48, H100, quickbench TFLOP/s, two rounds alternating, off -> on): D = 128
+// S = 2k 609 / 614 -> 622 / 624, causal 510 / 512 -> 520 / 519; D = 64 S = 2k 415 / 415 ->
+// 417 / 420; S = 4k / 8k, D = 256 unchanged.  The timeline (below) shows why it is small: the
+// median wait for Q between tiles was already ~50 ns; EARLY_Q takes its tail (p90 445 -> 88 ns).
 // Why: from stop 46's graph-replayed times (bf16 D = 128, 2048 query tiles of 128 rows at
 // S = 2k and 8k alike on 132 SMs, 16 rounds), t = 16 (a + b n_k) gives per 128-key tile
 // b = 1.60 us (cuDNN 1.66) but per query tile a = 3.4 us (cuDNN 0.6): the S = 2k gap is what
 // each query tile costs besides its key tiles, and the next tile's Q (32 KB, ~1-2 us from HBM
 // at an SM's share) and first K / V were requested only once both consumers had finished the
 // epilogue.  Predicted: +2-5% at S = 2k (D = 64 / 128), ~0 at S = 8k.  The diagnostic
-// timeline (FA_SM90_DIAG_TIMELINE, tools/sm90_timeline.py) measures the phases between tiles.
+// timeline (FA_SM90_DIAG_TIMELINE, tools/sm90_timeline.py) measured the phases between tiles
+// (H100, D = 128 S = 2k, medians): key tile 1.65 us; between two tiles 2.6 us = epilogue 1.3
+// + to the next tile's start 0.7 + the wait for Q 0.06 + the first S 0.5.
 #ifndef FA_SM90_EARLY_Q
-#define FA_SM90_EARLY_Q 0
+#define FA_SM90_EARLY_Q 1
 #endif
-// FA_SM90_CLUSTER_MERGE (sm90/cluster_merge.cuh; stop 48, off until a device run measures it):
-// the split kernels can merge a one-round launch's splits inside a thread-block cluster; the
-// host launches them so (_cuda/decode_sm90.py) only when the define is on.
+// FA_SM90_CLUSTER_MERGE (sm90/cluster_merge.cuh; stop 48): the split kernels can merge a
+// one-round launch's splits inside a thread-block cluster; the host launches them so
+// (_cuda/decode_sm90.py) unless the define is 0.  Measured there (H100).
 #ifndef FA_SM90_CLUSTER_MERGE
-#define FA_SM90_CLUSTER_MERGE 0
+#define FA_SM90_CLUSTER_MERGE 1
 #endif
 #ifndef FA_SM90_TRIMS_MIN_D  // 64: D = 64 takes them too (the A/B of stop 47's -5%)
 #define FA_SM90_TRIMS_MIN_D 65
@@ -173,7 +178,7 @@ struct Sm90FwdTraitsBase {
   // Not at D = 256: the second epilogue costs the paged kernels 12 bytes of spills (ptxas).
   static constexpr bool kSplitDirectOut = kHeadDim <= 192;
   // Whether the split kernels can merge a one-round launch's splits inside a thread-block
-  // cluster (FA_SM90_CLUSTER_MERGE, sm90/cluster_merge.cuh; off until a device run measures it):
+  // cluster (FA_SM90_CLUSTER_MERGE, sm90/cluster_merge.cuh):
   // where the direct output is (the same host rule decides: _cuda/decode_sm90.py), 16-bit.
   static constexpr bool kClusterMerge = FA_SM90_CLUSTER_MERGE && kSplitDirectOut && kPlanes_ == 1;
 

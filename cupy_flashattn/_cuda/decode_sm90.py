@@ -18,12 +18,12 @@ tiles as ``splits`` runs on as many persistent CTAs; the decode combine kernel
 (sm80/flash_decode.cu combine_states, also for one split: it writes the LSE, whose (H, B) layout
 the swapped kernel cannot) merges them into ``out`` and ``softmax_lse``.
 
-With ``FA_SM90_CLUSTER_MERGE=1`` in ``CUPY_FLASHATTN_SM90_DEFINES`` (an A/B switch until a
-device run has measured it), a step whose runs fit one round of the persistent grid, at most
-MAX_CLUSTER_SIZE splits, launches each sequence's splits as one thread-block cluster that merges
-them in distributed shared memory and stores ``out`` and the LSE itself (sm90/cluster_merge.cuh):
-no partials and no combine launch, where the direct output's rules allow (no sinks; one
-sequence or an LSE nobody reads).
+A step whose runs take at most half the SMs (CLUSTER_MAX_FILL), at most MAX_CLUSTER_SIZE
+splits a sequence, launches each sequence's splits as one thread-block cluster that merges them
+in distributed shared memory and stores ``out`` and the LSE itself (sm90/cluster_merge.cuh): no
+partials and no combine launch, where the direct output's rules allow (no sinks; one sequence
+or an LSE nobody reads).  ``FA_SM90_CLUSTER_MERGE=0`` in ``CUPY_FLASHATTN_SM90_DEFINES`` (the
+kernels' A/B switches) turns it off.
 
 ``CUPY_FLASHATTN_DECODE_SM90=0`` keeps every decode step on the mma.sync decode kernel (the
 A/B baseline).  Like the other switches it is read when a call's plan is made: set it before
@@ -95,14 +95,23 @@ def _enabled() -> bool:
     return os.environ.get(DECODE_SM90_ENV, "1").strip() != "0"
 
 
+#: Clusters only where the step's CTAs take at most this fraction of the SMs.  Measured (stop
+#: 48, H100, MQA 32/1 D = 128 page 16, LSE unread, step us without / with clusters): B = 1
+#: ctx 1024 17.6 / 13.2, ctx 2048 17.4 / 13.9, ctx 4096 17.6 / 15.5; ctx 4096 B = 2 20.7 / 16.1,
+#: B = 4 22.1 / 16.8, B = 8 (64 CTAs) 24.7 / 17.7 -- but B = 16 (128 CTAs) 27.5 / 32.4, B = 20
+#: (120) 30.6 / 36.7, B = 40 (120) 45.5 / 55.5: a grid of clusters near the SM count packs
+#: badly into the GPCs (one CTA per SM, a cluster's CTAs in one GPC).
+CLUSTER_MAX_FILL = 0.5
+
+
 def cluster_merge_enabled() -> bool:
-    """Whether the split kernels are built with the cluster merge (FA_SM90_CLUSTER_MERGE=1 in
-    $CUPY_FLASHATTN_SM90_DEFINES, the kernels' A/B switches): only then may a plan launch them
-    as clusters without partials -- a kernel built without it would store every split's rows
-    over each other."""
+    """Whether the split kernels are built with the cluster merge (sm90/kernel_traits.cuh
+    FA_SM90_CLUSTER_MERGE, on unless $CUPY_FLASHATTN_SM90_DEFINES sets it to 0): only then may
+    a plan launch them as clusters without partials -- a kernel built without it would store
+    every split's rows over each other."""
     from .compile import _tuning_defines
 
-    return "-DFA_SM90_CLUSTER_MERGE=1" in _tuning_defines()
+    return "-DFA_SM90_CLUSTER_MERGE=0" not in _tuning_defines()
 
 
 def swapped_decode_applies(problem: AttentionProblem, device_cc=None) -> bool:
@@ -229,7 +238,8 @@ def swapped_launch(problem: AttentionProblem, sm_count: int, max_cluster=None) -
     ``max_cluster``: the largest cluster the step may merge its splits in (default
     MAX_CLUSTER_SIZE where cluster_merge_enabled(), else 1: none).  A cluster needs the direct
     output's rules, more than one split and at most max_cluster of them, and every work item
-    on its own CTA (one round: CTA c runs split c % splits, the cluster rank)."""
+    on its own CTA (one round: CTA c runs split c % splits, the cluster rank) within
+    CLUSTER_MAX_FILL of the SMs."""
     p = problem
     key = KernelKey(kernel_dtype_tag(p.q.dtype), bucket_for(p.head_dim, SM90_HEAD_DIM_BUCKETS),
                     needs_transform(p), p.paged, "sm90", split=True)
@@ -241,7 +251,8 @@ def swapped_launch(problem: AttentionProblem, sm_count: int, max_cluster=None) -
     if max_cluster is None:
         max_cluster = MAX_CLUSTER_SIZE if cluster_merge_enabled() else 1
     direct = direct_output_applies(p)
-    cluster = splits if direct and 1 < splits <= max_cluster and items <= int(sm_count) else 1
+    fits = items <= CLUSTER_MAX_FILL * int(sm_count)
+    cluster = splits if direct and 1 < splits <= max_cluster and fits else 1
     # The prefill launches' rule (schedule.dynamic_schedule): claims from a counter where the
     # lengths are on the device and there are fewer CTAs than items.
     return SwappedLaunch(key, splits, tiles_m, grid, grid[0] < items and not uniform_lengths(p),
