@@ -126,10 +126,14 @@ SM90_SWITCHES = [("FA_SM90_PAGED_TMA=0,FA_SM90_FLAG_WORD=0", d,
 SM90_SWITCHES.append(("FA_SM90_FLAG_WORD=0", 256, [k for k in SM90_KEYS if k.paged and k.dtype == "bf16"
                                                   and k.head_dim == 256]))
 SM90_SWITCHES.append(("FA_SM90_F32_S_CHAINS=2", 0, cc.shipped_sm90_f32_keys()))
-#: The A/B baselines of stop 48's defaults: FA_SM90_EARLY_Q=0 (Q released after the epilogue)
-#: and FA_SM90_CLUSTER_MERGE=0 (split kernels without the cluster merge), at D = 128.
-SM90_SWITCHES.append(("FA_SM90_EARLY_Q=0,FA_SM90_CLUSTER_MERGE=0", 128,
-                      [k for k in SM90_KEYS if k.dtype == "bf16" and k.head_dim == 128]))
+#: FA_SM90_EARLY_Q=1 (stop 48: measured, its GPU tests not yet run; off by default), every
+#: bucket with its own O buffer and the float32 kernels; FA_SM90_CLUSTER_MERGE=0 (the split
+#: kernels without the cluster merge, the A/B baseline) at D = 128.
+SM90_SWITCHES += [("FA_SM90_EARLY_Q=1", d, [k for k in SM90_KEYS if k.dtype == "bf16" and k.head_dim == d])
+                  for d in (64, 128, 192)]
+SM90_SWITCHES.append(("FA_SM90_EARLY_Q=1", 0, cc.shipped_sm90_f32_keys()))
+SM90_SWITCHES.append(("FA_SM90_CLUSTER_MERGE=0", 128,
+                      [k for k in SM90_KEYS if k.dtype == "bf16" and k.split and k.head_dim == 128]))
 
 
 @pytest.mark.parametrize("define, head_dim, keys", SM90_SWITCHES,

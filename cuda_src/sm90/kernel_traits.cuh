@@ -108,8 +108,9 @@
 // timeline (FA_SM90_DIAG_TIMELINE, tools/sm90_timeline.py) measured the phases between tiles
 // (H100, D = 128 S = 2k, medians): key tile 1.65 us; between two tiles 2.6 us = epilogue 1.3
 // + to the next tile's start 0.7 + the wait for Q 0.06 + the first S 0.5.
+// Off by default until the GPU tests have run with it (stop 48 measured its speed only).
 #ifndef FA_SM90_EARLY_Q
-#define FA_SM90_EARLY_Q 1
+#define FA_SM90_EARLY_Q 0
 #endif
 // FA_SM90_CLUSTER_MERGE (sm90/cluster_merge.cuh; stop 48): the split kernels can merge a
 // one-round launch's splits inside a thread-block cluster; the host launches them so
