@@ -132,6 +132,11 @@ SM90_SWITCHES.append(("FA_SM90_F32_S_CHAINS=2", 0, cc.shipped_sm90_f32_keys()))
 SM90_SWITCHES += [("FA_SM90_EARLY_Q=1", d, [k for k in SM90_KEYS if k.dtype == "bf16" and k.head_dim == d])
                   for d in (64, 128, 192)]
 SM90_SWITCHES.append(("FA_SM90_EARLY_Q=1", 0, cc.shipped_sm90_f32_keys()))
+#: FA_SM90_LPT_GROUPS=1 (stop 49: the dynamic schedule's grouped claims, in tile_at of every
+#: prefill kernel): the dense and paged bf16 kernels at D = 128 and 256.
+SM90_SWITCHES += [("FA_SM90_LPT_GROUPS=1", d, [k for k in SM90_KEYS if k.dtype == "bf16" and k.head_dim == d
+                                               and not k.split])
+                  for d in (128, 256)]
 SM90_SWITCHES.append(("FA_SM90_CLUSTER_MERGE=0", 128,
                       [k for k in SM90_KEYS if k.dtype == "bf16" and k.split and k.head_dim == 128]))
 

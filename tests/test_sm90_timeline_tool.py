@@ -29,6 +29,9 @@ def _timeline(ns_per_clk_by_cta):
                 ev[tl.C_LOOP_END] = clk + 350
                 ev[tl.C_PV_DONE] = clk + 370
                 ev[tl.C_STORED] = clk + 375
+                if cta != 3:  # the epilogue's inner marks (CTA 3: a build without them)
+                    ev[tl.C_FINAL] = clk + 371
+                    ev[tl.C_STAGED] = clk + 373
                 clk += 382  # the next tile is known 7 clocks after the stores
         for tile in range(3):
             t[cta, 0, tile, tl.P_Q_EMPTY] = base + 90 + 382 * tile
@@ -47,6 +50,11 @@ def test_phases_in_ns_through_each_ctas_clock_ratio():
     assert np.allclose(rows["first S"], 40 * 0.5)
     assert np.allclose(rows["between tiles"], (5 + 7 + 10 + 40) * 0.5)
     assert np.allclose(rows["key tiles"], 300 / 3 * 0.5)  # first S -> loop end over 3 tiles
+    # the epilogue's parts 1 / 2 / 2 clocks, from CTA 0 only
+    assert len(rows["  epilogue: O / l, LSE"]) == 4
+    assert np.allclose(rows["  epilogue: O / l, LSE"], 1 * 0.5)
+    assert np.allclose(rows["  epilogue: stage O, barrier"], 2 * 0.5)
+    assert np.allclose(rows["  epilogue: copy out"], 2 * 0.5)
     # producer, next tile: last V of the tile before at +60, Q free at +90 + 382
     assert np.allclose(rows["producer: last V issued -> Q free"], (382 + 30) * 0.5)
 

@@ -1,6 +1,6 @@
 """Quick prefill comparison on one GPU: our sm80 and sm90 families, torch SDPA flash and cuDNN,
 TFLOP/s of back-to-back calls (one sync per 20 calls; host work overlaps the kernels), bf16,
-16k tokens per batch, 16 heads.  A development tool; ``make bench`` is the benchmark of record.
+16k tokens per batch, 16 heads (--heads).  A development tool; ``make bench`` is the benchmark of record.
 
     PYTHONPATH=. python3 tools/quickbench_sm90.py [--rows D,S,causal;...] [--paged 16,256]
 
@@ -99,6 +99,8 @@ def main(argv=None):
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--paged", default="", help="page sizes, e.g. 16,256")
     ap.add_argument("--varlen", action="store_true", help="a varlen column (equal lengths)")
+    ap.add_argument("--heads", type=int, default=16,
+                    help="query heads (0: make bench's 2048 / D, e.g. 8 at D = 256)")
     ap.add_argument("--page-order", default="random", choices=("random", "identity"),
                     help="pool pages in a random order, or in the dense layout's order")
     ap.add_argument("--rounds", type=int, default=1,
@@ -108,7 +110,7 @@ def main(argv=None):
     for item in args.rows.split(";"):
         d, s, causal = (int(x) for x in item.split(","))
         causal = bool(causal)
-        b, h = max(1, 16384 // s), 16
+        b, h = max(1, 16384 // s), args.heads or 2048 // d
         q, k, v = (cupy.asarray(rng.standard_normal((b, s, h, d)).astype(ml_dtypes.bfloat16))
                    for _ in range(3))
         flops = 4 * b * h * s * s * d / (2 if causal else 1)

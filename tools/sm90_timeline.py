@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # cuda_src/sm90/diag_timeline.cuh
 CTAS, ROLES, TILES, EVENTS = 160, 3, 48, 8
 P_CLAIMED, P_Q_EMPTY, P_LAST_V = 0, 1, 2
-C_START, C_Q_FULL, C_FIRST_S, C_LOOP_END, C_PV_DONE, C_STORED = 0, 1, 2, 3, 4, 5
+C_START, C_Q_FULL, C_FIRST_S, C_LOOP_END, C_PV_DONE, C_STORED, C_FINAL, C_STAGED = range(8)
 
 
 def summarise(tl, span, n_k_tiles: int):
@@ -41,7 +41,9 @@ def summarise(tl, span, n_k_tiles: int):
     (CTAS, ROLES, TILES, EVENTS), span (CTAS, 4).  Returns {phase: array of ns}."""
     import numpy as np
 
-    rows = {k: [] for k in ("key tiles", "epilogue", "to next tile", "wait for Q", "first S",
+    rows = {k: [] for k in ("key tiles", "epilogue", "  epilogue: O / l, LSE",
+                            "  epilogue: stage O, barrier", "  epilogue: copy out",
+                            "to next tile", "wait for Q", "first S",
                             "between tiles", "producer: last V issued -> Q free",
                             "producer: Q free -> consumer has Q")}
     for cta in range(CTAS):
@@ -60,6 +62,10 @@ def summarise(tl, span, n_k_tiles: int):
                 if cur[C_LOOP_END] and n_k_tiles > 1:
                     rows["key tiles"].append(d(cur[C_FIRST_S], cur[C_LOOP_END]) / (n_k_tiles - 1))
                 rows["epilogue"].append(d(cur[C_PV_DONE], cur[C_STORED]))
+                if cur[C_FINAL] and cur[C_STAGED]:  # marked since stop 49
+                    rows["  epilogue: O / l, LSE"].append(d(cur[C_PV_DONE], cur[C_FINAL]))
+                    rows["  epilogue: stage O, barrier"].append(d(cur[C_FINAL], cur[C_STAGED]))
+                    rows["  epilogue: copy out"].append(d(cur[C_STAGED], cur[C_STORED]))
                 rows["to next tile"].append(d(cur[C_STORED], nxt[C_START]))
                 rows["wait for Q"].append(d(nxt[C_START], nxt[C_Q_FULL]))
                 rows["first S"].append(d(nxt[C_Q_FULL], nxt[C_FIRST_S]))

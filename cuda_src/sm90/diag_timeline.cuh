@@ -31,6 +31,8 @@
 #define FA_TL_C_LOOP_END 3   // every S issued and consumed; the last P V not yet issued
 #define FA_TL_C_PV_DONE 4    // the last P V has completed
 #define FA_TL_C_STORED 5     // the epilogue's stores are issued
+#define FA_TL_C_FINAL 6      // the epilogue: O / l and the LSE computed (before the staging)
+#define FA_TL_C_STAGED 7     // the epilogue: O staged in shared memory, the warpgroup's barrier passed
 
 #if FA_SM90_DIAG_TIMELINE
 namespace fa {

@@ -110,16 +110,19 @@ struct NoPost {
 // the consumers), or null to read them from global memory; `post(si)` runs as soon as they are
 // resolved (the producer posts them there: later, the 56-register producer spilled).
 // Is_split: tile i is split i % num_splits of query tile i / num_splits.
+// `dynamic`: tile i was claimed from the dynamic schedule's counter (TileScheduler::coords).
 template <class Tr, bool Is_paged, bool Is_split = false, class Post = NoPost>
 __device__ __forceinline__ bool tile_at(const FwdParams& p, int i, Sm90Tile& w,
                                         const u32 (*posted)[4] = nullptr, Post post = {},
-                                        int num_splits = 1) {
+                                        int num_splits = 1, bool dynamic = false) {
   w.split = 0;
   if constexpr (Is_split) {
     w.split = i % num_splits;
     i /= num_splits;
   }
-  const int m_idx = i % p.tiles_m, hb = i / p.tiles_m;
+  int m_idx, hb;
+  TileScheduler::coords(i, p.tiles_m, p.num_heads * p.batch,
+                        FA_SM90_LPT_GROUPS && !Is_split && dynamic && p.window_right >= 0, m_idx, hb);
   w.bidh = hb % p.num_heads;
   w.bidb = hb / p.num_heads;
   // Causal / local: high m_blocks see the most keys; walking them first shortens the tail.
@@ -990,6 +993,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
   const u32 o_stage = pipe::opaque(sm.o);
   float lse[1][2];
   softmax.finalize(acc_o, c, lse, sink_log2(p.sinks, bidh));
+  FA_TL(ctid == 0, 1 + cw, tq, FA_TL_C_FINAL);
   const int g = lane >> 2, t = lane & 3;
   const int wg_row0 = Tr::kWgRows * cw;  // this warpgroup's first row of the CTA tile
 #pragma unroll
@@ -1003,6 +1007,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
       p.lse[(i64)bidh * p.lse_head_stride + si.q_start + m0 + row] = lse[0][h];
   }
   pipe::named_sync(Tr::kEpilogueBar + cw, 128);  // this warpgroup's rows are written
+  FA_TL(ctid == 0, 1 + cw, tq, FA_TL_C_STAGED);
   u16* o_tile = p.o + (i64)(si.q_start + m0) * p.o_row_stride + (i64)bidh * p.o_head_stride;
   constexpr int kWgChunks = Tr::kWgRows * Tr::kChunks;
 #pragma unroll
@@ -1087,7 +1092,8 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
           sched.post(lens, sm.sched_bars(), sm.sched_slots);
         }
       };
-      if (i >= num_tiles || !tile_at<Tr, Is_paged, Is_split>(p, i, w, nullptr, post, num_splits))
+      if (i >= num_tiles ||
+          !tile_at<Tr, Is_paged, Is_split>(p, i, w, nullptr, post, num_splits, tile_counter != nullptr))
         continue;
       FA_TL(tidx == 0, 0, tq, FA_TL_P_CLAIMED);
       // Paged: the page ids of the tile's first key tile are read BEFORE the wait for the
@@ -1140,7 +1146,7 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
         const int i =
             sched.template read_post<Tr::kWaitHintNs>(lens, sm.sched_bars(), sm.sched_slots);
         if (i < 0) break;
-        if (!tile_at<Tr, Is_paged, Is_split>(p, i, w, &lens, {}, num_splits)) continue;
+        if (!tile_at<Tr, Is_paged, Is_split>(p, i, w, &lens, {}, num_splits, true)) continue;
       }
       consumer<Tr, Elem, Has_transform, Is_paged, Is_split>(p, sc, so, w, sm, it, tq, cw,
                                                            tidx - 128 * wg);

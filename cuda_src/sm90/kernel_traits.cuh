@@ -115,6 +115,15 @@
 // FA_SM90_CLUSTER_MERGE (sm90/cluster_merge.cuh; stop 48): the split kernels can merge a
 // one-round launch's splits inside a thread-block cluster; the host launches them so
 // (_cuda/decode_sm90.py) unless the define is 0.  Measured there (H100).
+// FA_SM90_LPT_GROUPS (tile_scheduler.cuh TileScheduler::coords; stop 49): the dynamic
+// schedule of a causal / local launch (varlen, paged caches) claims its tiles in groups of
+// ceil(CTAs / tiles_m) (sequence, head) pairs, each group's heaviest query tiles first, instead
+// of one head's tiles at a time.  Head-major claims leave the last heads' heaviest tiles to the
+// end of the launch (stop 46: paged D = 256 causal one call, dynamic, 0.89 of dense against
+// 0.93 static); grouped, the last round starts with them.  0 = head-major (stop 48's order).
+#ifndef FA_SM90_LPT_GROUPS
+#define FA_SM90_LPT_GROUPS 0
+#endif
 #ifndef FA_SM90_CLUSTER_MERGE
 #define FA_SM90_CLUSTER_MERGE 1
 #endif

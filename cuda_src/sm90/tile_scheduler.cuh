@@ -1,8 +1,9 @@
 // sm90/tile_scheduler.cuh -- which query tiles a persistent CTA of the sm90 kernel runs, in
 // which order (the TileScheduler of FlashAttention-3's Mainloop x Epilogue x TileScheduler).
 //
-// Tiles are numbered i = m + tiles_m (h + H b) (flash_fwd.cu tile_at maps i to its sequence,
-// head and query rows; a tile past its sequence's queries holds nothing and is skipped).
+// Tiles are numbered i = m + tiles_m (h + H b), or grouped (coords, the dynamic schedule of a
+// causal / local launch) (flash_fwd.cu tile_at maps i to its sequence, head and query rows; a
+// tile past its sequence's queries holds nothing and is skipped).
 // Two schedules, chosen by the host per launch (_cuda/schedule.py):
 //
 //  - STATIC (counter == nullptr; problems whose lengths the host knows): rounds of gridDim.x
@@ -48,6 +49,28 @@ struct TileScheduler {
   // The mailbox's mbarriers, kBars of them from `bars`: full(slot) at bars + 8 slot, empty(slot)
   // at bars + 16 + 8 slot, posted(slot) at bars + 32 + 8 slot.
   static constexpr int kBars = 6;
+
+  // Tile i's query-tile index m (0 .. tiles_m - 1, before tile_at's causal reversal: m = 0 is
+  // the heaviest under a window) and (sequence, head) index hb = h + H b.  Head-major, i = m +
+  // tiles_m hb, unless `grouped` (the dynamic schedule of a causal / local launch, with
+  // FA_SM90_LPT_GROUPS): then groups of G = ceil(CTAs / tiles_m) pairs, m-major inside a
+  // group -- every pair's heaviest tile, then the next heaviest...  A dynamic schedule claims
+  // in index order, so the last group's heavy tiles go out a round before the end instead of
+  // trailing it (longest-processing-time first), while the tiles in flight still span only ~G
+  // heads' keys (L2 reuse).  The last group may hold fewer pairs.
+  __device__ __forceinline__ static void coords(int i, int tiles_m, int pairs, bool grouped,
+                                                int& m, int& hb) {
+    if (!grouped) {
+      m = i % tiles_m;
+      hb = i / tiles_m;
+      return;
+    }
+    const int g_pairs = imax(1, ((int)gridDim.x + tiles_m - 1) / tiles_m);
+    const int g = i / (g_pairs * tiles_m), r = i - g * g_pairs * tiles_m;
+    const int in_group = imin(g_pairs, pairs - g * g_pairs);
+    m = r / in_group;
+    hb = g * g_pairs + (r - m * in_group);
+  }
 
   // One thread, before the CTA's first sync: full(0), full(1) and posted(0), posted(1) take the
   // claimer's post; empty(0), empty(1) an arrival of each of the CTA's `threads` threads.
