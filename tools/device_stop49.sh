@@ -3,11 +3,12 @@
 # STEP=ab (default), ~300 s:
 #   1. precompile, each build in its own kernel cache, in parallel: "e" = FA_SM90_EARLY_Q=1 (the
 #      candidate default), "el" = that plus FA_SM90_LPT_GROUPS=1 (grouped heavy-first claims of
-#      the dynamic schedule, causal / local), and the timeline build of "e";
+#      the dynamic schedule, causal / local), "en" = e plus FA_SM90_NEXT_EARLY=1 (the next tile
+#      resolved before the epilogue), and the timeline builds of "e" and "en";
 #   2. the timeline with the epilogue's inner marks (D = 128 / 64, S = 2k): where its 1.3 us go;
-#   3. A/B "e" against "el", two rounds alternating: quickbench, causal rows with make bench's
-#      heads (2048 / D), the dense column (static schedule: unchanged by LPT) beside varlen and
-#      paged 16 / 256 (dynamic); one non-causal row as the control.
+#   3. A/B e / el / en, two rounds alternating: quickbench with make bench's heads (2048 / D),
+#      the dense column (static schedule: unchanged by LPT) beside varlen and paged 16 / 256
+#      (dynamic); S = 2k rows causal and not, D = 256 causal, D = 128 S = 8k causal.
 # STEP=suite: the whole GPU suite on the build in CUPY_FLASHATTN_SM90_DEFINES (8 shards), then
 #   compute-sanitizer memcheck / racecheck over tools/sanitize_cases.py on it, if time is left.
 # A device call brings back at most 8 files: log into a scratch folder and tar it into $OUT,
@@ -30,24 +31,31 @@ esac
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv
 KEYS='fa_fwd_sm90_bf16_d64$,fa_fwd_sm90_bf16_d64_paged$,fa_fwd_sm90_bf16_d128$,fa_fwd_sm90_bf16_d128_paged$,fa_fwd_sm90_bf16_d128_wide$,fa_fwd_sm90_bf16_d256$,fa_fwd_sm90_bf16_d256_paged$'
 stamp "precompile e, el, timeline"
-for s in "e|$E" "el|$E,FA_SM90_LPT_GROUPS=1"; do
+SETS=("e|$E" "el|$E,FA_SM90_LPT_GROUPS=1" "en|$E,FA_SM90_NEXT_EARLY=1")
+for s in "${SETS[@]}"; do
   IFS='|' read -r name defs <<< "$s"
   CUPY_FLASHATTN_SM90_DEFINES="$defs" CUPY_CACHE_DIR="/tmp/fa_cache_$name" timeout 240 \
-    python3 tools/precompile_parallel.py --jobs 6 --no-decode --only "$KEYS" > "$OUT/precompile_$name.txt" 2>&1 &
+    python3 tools/precompile_parallel.py --jobs 4 --no-decode --only "$KEYS" > "$OUT/precompile_$name.txt" 2>&1 &
 done
-CUPY_FLASHATTN_SM90_DEFINES="FA_SM90_DIAG_TIMELINE=1,$E" CUPY_CACHE_DIR=/tmp/fa_cache_tl timeout 240 \
-  python3 tools/precompile_parallel.py --jobs 2 --no-decode --only 'fa_fwd_sm90_bf16_d128$,fa_fwd_sm90_bf16_d64$' \
-  > "$OUT/precompile_tl.txt" 2>&1 &
+for s in "tl|FA_SM90_DIAG_TIMELINE=1,$E" "tln|FA_SM90_DIAG_TIMELINE=1,$E,FA_SM90_NEXT_EARLY=1"; do
+  IFS='|' read -r name defs <<< "$s"
+  CUPY_FLASHATTN_SM90_DEFINES="$defs" CUPY_CACHE_DIR=/tmp/fa_cache_$name timeout 240 \
+    python3 tools/precompile_parallel.py --jobs 1 --no-decode --only 'fa_fwd_sm90_bf16_d128$,fa_fwd_sm90_bf16_d64$' \
+    > "$OUT/precompile_$name.txt" 2>&1 &
+done
 wait
 grep -h precompiled "$OUT"/precompile_*.txt
-for case in "--d 128 --s 2048" "--d 64 --s 2048"; do
-  stamp "timeline $case"
-  CUPY_CACHE_DIR=/tmp/fa_cache_tl timeout 60 python3 tools/sm90_timeline.py $case --defines "$E" 2>&1 \
-    | tee -a "$OUT/timeline.txt" | tail -n 14
+for s in "tl|$E" "tln|$E,FA_SM90_NEXT_EARLY=1"; do
+  IFS='|' read -r name defs <<< "$s"
+  for case in "--d 128 --s 2048" "--d 64 --s 2048"; do
+    stamp "timeline $name $case"
+    CUPY_CACHE_DIR=/tmp/fa_cache_$name timeout 60 python3 tools/sm90_timeline.py $case --defines "$defs" 2>&1 \
+      | tee -a "$OUT/timeline_$name.txt" | tail -n 14
+  done
 done
-ROWS="256,2048,1;256,4096,1;128,2048,1;64,2048,1;128,8192,1;256,2048,0"
+ROWS="128,2048,0;128,2048,1;64,2048,0;64,2048,1;256,2048,1;256,4096,1;128,8192,1"
 for r in 1 2; do
-  for s in "e|$E" "el|$E,FA_SM90_LPT_GROUPS=1"; do
+  for s in "${SETS[@]}"; do
     IFS='|' read -r name defs <<< "$s"
     stamp "$name round $r"
     CUPY_FLASHATTN_SM90_DEFINES="$defs" CUPY_CACHE_DIR="/tmp/fa_cache_$name" timeout 120 \

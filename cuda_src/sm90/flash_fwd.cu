@@ -655,10 +655,16 @@ __device__ constexpr bool uses_pingpong() {
 // without keys (then the producer only arrives) -- and arrive on q_empty once Q (and, without
 // kSeparateO, the O staged in its buffer) is no longer read.  `it` counts the ring's tiles
 // over the schedule, as the producer's does.
-template <class Tr, class Elem, bool Has_transform, bool Is_paged, bool Is_split>
+// `next_tile()`: with Tr::kNextEarly, resolves the warpgroup's next tile (the schedule's next
+// claim and tile_at); called once, right after the tile's last product, so that its integer
+// work and reads run under the epilogue's store latencies instead of after them.
+struct NoNextTile {
+  __device__ void operator()() const {}
+};
+template <class Tr, class Elem, bool Has_transform, bool Is_paged, bool Is_split, class NextTile = NoNextTile>
 __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc, const SplitOut& so,
                                          const Sm90Tile& w, const Sm90Smem<Tr>& sm, int& it,
-                                         int tq, int cw, int ctid) {
+                                         int tq, int cw, int ctid, NextTile next_tile = {}) {
   constexpr int kNTiles = Tr::kNTiles, kDTiles = Tr::kDTiles, kBlockN = Tr::kBlockN;
   constexpr bool kF32 = Tr::kPlanes == 2;  // float32 as float16 planes (see F32Scales)
   using Math = conditional_t<kF32, Fp32Math, FastMath>;
@@ -939,6 +945,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
     release_q_unvisited();
   }
   if constexpr (Tr::kSeparateO && !Tr::kEarlyQ) pipe::bar_arrive(sm.q_empty());  // every Q K^T has completed
+  if constexpr (Tr::kNextEarly && !Is_split) next_tile();  // w stays valid: resolved into another
   if constexpr (kF32) {
     // Float32 O straight from the accumulators: each quad writes 8 x 4 contiguous bytes per
     // row and n8 tile (whole 32-byte sectors); O' carries V's scale and P's 2^12.
@@ -1134,6 +1141,34 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
     if (uses_pingpong<Tr, Is_paged, Has_transform, Is_split>() && cw == 1)
       pipe::named_arrive(1, 256);
     int it = 0, tq = 0;
+    if constexpr (Tr::kNextEarly && !Is_split) {  // (the split kernel spilled 36 bytes with it)
+      // The next tile resolved inside the consumer (after the tile's last product), into nw.
+      auto resolve_next = [&](Sm90Tile& t) -> bool {
+        for (;;) {
+          if (tile_counter == nullptr) {
+            const int i = sched.template next<Tr::kWaitHintNs>(num_tiles, nullptr, 0, 0, false);
+            if (i < 0) return false;
+            if (i < num_tiles && tile_at<Tr, Is_paged, Is_split>(p, i, t, nullptr, {}, num_splits))
+              return true;
+          } else {
+            u32 lens[4];
+            const int i =
+                sched.template read_post<Tr::kWaitHintNs>(lens, sm.sched_bars(), sm.sched_slots);
+            if (i < 0) return false;
+            if (tile_at<Tr, Is_paged, Is_split>(p, i, t, &lens, {}, num_splits, true)) return true;
+          }
+        }
+      };
+      Sm90Tile w;
+      bool have = resolve_next(w);
+      while (have) {
+        Sm90Tile nw;
+        consumer<Tr, Elem, Has_transform, Is_paged, Is_split>(p, sc, so, w, sm, it, tq, cw, tidx - 128 * wg,
+                                                             [&] { have = resolve_next(nw); });
+        if (have) w = nw;
+        ++tq;
+      }
+    } else
     for (;;) {
       Sm90Tile w;
       if (tile_counter == nullptr) {  // static: every thread walks the rounds itself

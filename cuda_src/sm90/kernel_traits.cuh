@@ -115,6 +115,9 @@
 // FA_SM90_CLUSTER_MERGE (sm90/cluster_merge.cuh; stop 48): the split kernels can merge a
 // one-round launch's splits inside a thread-block cluster; the host launches them so
 // (_cuda/decode_sm90.py) unless the define is 0.  Measured there (H100).
+#ifndef FA_SM90_CLUSTER_MERGE
+#define FA_SM90_CLUSTER_MERGE 1
+#endif
 // FA_SM90_LPT_GROUPS (tile_scheduler.cuh TileScheduler::coords; stop 49): the dynamic
 // schedule of a causal / local launch (varlen, paged caches) claims its tiles in groups of
 // ceil(CTAs / tiles_m) (sequence, head) pairs, each group's heaviest query tiles first, instead
@@ -124,8 +127,12 @@
 #ifndef FA_SM90_LPT_GROUPS
 #define FA_SM90_LPT_GROUPS 0
 #endif
-#ifndef FA_SM90_CLUSTER_MERGE
-#define FA_SM90_CLUSTER_MERGE 1
+// FA_SM90_NEXT_EARLY (flash_fwd.cu consumer's next_tile; stop 49): each consumer resolves its
+// next tile (the schedule's next index and tile_at: integer divisions, the window's ranges)
+// right after its tile's last product instead of after the epilogue's stores; the timeline's
+// "to the next tile's start" was 0.7 us of every query tile (stop 48, D = 128 S = 2k).
+#ifndef FA_SM90_NEXT_EARLY
+#define FA_SM90_NEXT_EARLY 0
 #endif
 #ifndef FA_SM90_TRIMS_MIN_D  // 64: D = 64 takes them too (the A/B of stop 47's -5%)
 #define FA_SM90_TRIMS_MIN_D 65
@@ -242,6 +249,7 @@ struct Sm90FwdTraitsBase {
   // Q released after the tile's last Q K^T (FA_SM90_EARLY_Q); without kSeparateO the epilogue
   // stages O in Q's buffer, so Q is released after it.
   static constexpr bool kEarlyQ = FA_SM90_EARLY_Q && kSeparateO;
+  static constexpr bool kNextEarly = FA_SM90_NEXT_EARLY;
   static constexpr int kSmemTiles = kSmemRing + kSmemO;
   static constexpr int kSmemBytes = kSmemTiles + kSmemRest;
   static_assert(kSmemBytes <= kSmemLimit, "Q, the K/V ring and the barriers must fit 227 KB");
