@@ -993,7 +993,10 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
   // Epilogue: O /= l, LSE.  O goes through this warpgroup's own rows of the staging tile (its
   // own buffer, or without kSeparateO the Q tile, whose last wgmma has completed) so that the
   // global stores are 16-byte and row-contiguous rather than 4-byte pairs.
-  if constexpr (Tr::kSeparateO) pipe::named_sync(Tr::kEpilogueBar + cw, 128);  // the last tile's O is read
+  if constexpr (Tr::kSeparateO) {
+    if constexpr (Tr::kOBulk) pipe::bulk_wait_read_all();  // this thread's copies of the last O
+    pipe::named_sync(Tr::kEpilogueBar + cw, 128);  // the last tile's O is read
+  }
   // The staging base through an opaque move: its addresses are loop-invariant over the
   // persistent schedule, and hoisted out of it they stayed live through the main loop (48 bytes
   // of spills in the D = 192 and the D = 256 softcap / ALiBi consumers).
@@ -1003,34 +1006,78 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
   FA_TL(ctid == 0, 1 + cw, tq, FA_TL_C_FINAL);
   const int g = lane >> 2, t = lane & 3;
   const int wg_row0 = Tr::kWgRows * cw;  // this warpgroup's first row of the CTA tile
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = wg_row0 + 16 * warp + 8 * h + g;
-#pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt)
-      st_shared_b32(o_stage + wgmma::tile_offset<Tr::kBlockM>(row, dt) + 4 * t,
-                    Elem::pack(acc_o[0][dt][2 * h], acc_o[0][dt][2 * h + 1]));
-    if (t == 0 && row < rows_valid)
-      p.lse[(i64)bidh * p.lse_head_stride + si.q_start + m0 + row] = lse[0][h];
-  }
-  pipe::named_sync(Tr::kEpilogueBar + cw, 128);  // this warpgroup's rows are written
-  FA_TL(ctid == 0, 1 + cw, tq, FA_TL_C_STAGED);
   u16* o_tile = p.o + (i64)(si.q_start + m0) * p.o_row_stride + (i64)bidh * p.o_head_stride;
-  constexpr int kWgChunks = Tr::kWgRows * Tr::kChunks;
+  if constexpr (Tr::kOBulk) {
+    // Plain padded rows (kORowBytesBulk); then one bulk copy per row of this warpgroup, from
+    // threads 0..63, where every row start is 16-byte aligned (else 16-byte loads and stores).
+    constexpr int kRow = Tr::kORowBytesBulk;
 #pragma unroll
-  for (int i = 0; i < kWgChunks / 128; ++i) {
-    const int idx = i * 128 + ctid;
-    const int row = wg_row0 + idx / Tr::kChunks, chunk = idx % Tr::kChunks;
-    if (row < rows_valid && chunk * 8 < p.head_dim) {
-      u32 r[4];
-      ld_shared_v4(r, o_stage + wgmma::tile_offset<Tr::kBlockM>(row, chunk));
-      st_global_v4(o_tile + (i64)row * p.o_row_stride + chunk * 8, r);
+    for (int h = 0; h < 2; ++h) {
+      const int row = wg_row0 + 16 * warp + 8 * h + g;
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt)
+        st_shared_b32(o_stage + row * kRow + dt * 16 + 4 * t,
+                      Elem::pack(acc_o[0][dt][2 * h], acc_o[0][dt][2 * h + 1]));
+      if (t == 0 && row < rows_valid)
+        p.lse[(i64)bidh * p.lse_head_stride + si.q_start + m0 + row] = lse[0][h];
     }
-  }
-  FA_TL(ctid == 0, 1 + cw, tq, FA_TL_C_STORED);
-  if constexpr (!Tr::kSeparateO) {
-    pipe::fence_async_shared();  // these generic reads / writes before the next Q's TMA write
-    pipe::bar_arrive(sm.q_empty());
+    pipe::fence_async_shared();  // these writes before the bulk copies' reads (async proxy)
+    pipe::named_sync(Tr::kEpilogueBar + cw, 128);  // this warpgroup's rows are written
+    FA_TL(ctid == 0, 1 + cw, tq, FA_TL_C_STAGED);
+    // 16-byte row starts and lengths: the base in bytes, the strides and head_dim in elements.
+    const bool aligned = (reinterpret_cast<unsigned long long>(p.o) & 15) == 0 &&
+                         (((unsigned long long)p.o_row_stride | (unsigned long long)p.o_head_stride |
+                           (unsigned long long)p.head_dim) & 7) == 0;
+    if (aligned) {
+      if (ctid < Tr::kWgRows && wg_row0 + ctid < rows_valid) {
+        const int row = wg_row0 + ctid;
+        pipe::bulk_store(o_tile + (i64)row * p.o_row_stride, o_stage + row * kRow, 2 * p.head_dim);
+        pipe::bulk_commit();
+      }
+    } else {
+      constexpr int kWgChunks = Tr::kWgRows * Tr::kChunks;
+#pragma unroll
+      for (int i = 0; i < kWgChunks / 128; ++i) {
+        const int idx = i * 128 + ctid;
+        const int row = wg_row0 + idx / Tr::kChunks, chunk = idx % Tr::kChunks;
+        if (row < rows_valid && chunk * 8 < p.head_dim) {
+          u32 r[4];
+          ld_shared_v4(r, o_stage + row * kRow + chunk * 16);
+          st_global_v4(o_tile + (i64)row * p.o_row_stride + chunk * 8, r);
+        }
+      }
+    }
+    FA_TL(ctid == 0, 1 + cw, tq, FA_TL_C_STORED);
+  } else {
+    // The wgmma SW128 layout (the Q tile's, whose buffer it may be): 16-byte loads and stores.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = wg_row0 + 16 * warp + 8 * h + g;
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt)
+        st_shared_b32(o_stage + wgmma::tile_offset<Tr::kBlockM>(row, dt) + 4 * t,
+                      Elem::pack(acc_o[0][dt][2 * h], acc_o[0][dt][2 * h + 1]));
+      if (t == 0 && row < rows_valid)
+        p.lse[(i64)bidh * p.lse_head_stride + si.q_start + m0 + row] = lse[0][h];
+    }
+    pipe::named_sync(Tr::kEpilogueBar + cw, 128);  // this warpgroup's rows are written
+    FA_TL(ctid == 0, 1 + cw, tq, FA_TL_C_STAGED);
+    constexpr int kWgChunks = Tr::kWgRows * Tr::kChunks;
+#pragma unroll
+    for (int i = 0; i < kWgChunks / 128; ++i) {
+      const int idx = i * 128 + ctid;
+      const int row = wg_row0 + idx / Tr::kChunks, chunk = idx % Tr::kChunks;
+      if (row < rows_valid && chunk * 8 < p.head_dim) {
+        u32 r[4];
+        ld_shared_v4(r, o_stage + wgmma::tile_offset<Tr::kBlockM>(row, chunk));
+        st_global_v4(o_tile + (i64)row * p.o_row_stride + chunk * 8, r);
+      }
+    }
+    FA_TL(ctid == 0, 1 + cw, tq, FA_TL_C_STORED);
+    if constexpr (!Tr::kSeparateO) {
+      pipe::fence_async_shared();  // these generic reads / writes before the next Q's TMA write
+      pipe::bar_arrive(sm.q_empty());
+    }
   }
 }
 
@@ -1188,6 +1235,8 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
       ++tq;
     }
     FA_TL_SPAN(tidx == 128, true);
+    // FA_SM90_O_BULK: shared memory stays until this thread's last copies have read it.
+    if constexpr (Tr::kOBulk && !Is_split) pipe::bulk_wait_read_all();
     if constexpr (Is_split && Tr::kClusterMerge) {
       if (cluster_merge_launch(so.oaccum, so.num_splits)) cluster_merge<Tr, Elem, Is_paged>(p, sm, tidx - 128);
     }

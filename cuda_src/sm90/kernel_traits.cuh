@@ -134,6 +134,14 @@
 #ifndef FA_SM90_NEXT_EARLY
 #define FA_SM90_NEXT_EARLY 0
 #endif
+// FA_SM90_O_BULK (flash_fwd.cu epilogue; stop 49): each row of O leaves shared memory by one
+// bulk copy (cp.async.bulk, the TMA unit; no tensor map) issued by one thread, instead of
+// 16-byte loads and global stores by every thread of the warpgroup; the consumers go on to the
+// next tile while the copies run.  The timeline put the epilogue at 1.3 us of every query tile
+// (stop 48, D = 128 S = 2k).  Where O has its own buffer (D <= 192).
+#ifndef FA_SM90_O_BULK
+#define FA_SM90_O_BULK 0
+#endif
 #ifndef FA_SM90_TRIMS_MIN_D  // 64: D = 64 takes them too (the A/B of stop 47's -5%)
 #define FA_SM90_TRIMS_MIN_D 65
 #endif
@@ -245,7 +253,13 @@ struct Sm90FwdTraitsBase {
   // sectors), so it stages nothing and its Q is free as soon as the last S is computed.
   static constexpr bool kStageO = kPlanes == 1;
   static constexpr bool kSeparateO = !kStageO || kSmemRing + kSmemQPlane + kSmemRest <= kSmemLimit;
-  static constexpr int kSmemO = kStageO && kSeparateO ? kSmemQPlane : 0;
+  // FA_SM90_O_BULK: O staged in plain rows padded by 16 bytes (kORowBytes: the 8 rows of one
+  // 32-bit store then fall on 8 different 4-bank groups) so that each row leaves by one bulk
+  // copy; where the padded buffer fits beside the ring (D = 64 / 128 / 192).
+  static constexpr int kORowBytesBulk = kHeadDim * 2 + 16;
+  static constexpr bool kOBulk = FA_SM90_O_BULK && kStageO && kSeparateO &&
+                                 kSmemRing + kBlockM * kORowBytesBulk + kSmemRest <= kSmemLimit;
+  static constexpr int kSmemO = kStageO && kSeparateO ? (kOBulk ? kBlockM * kORowBytesBulk : kSmemQPlane) : 0;
   // Q released after the tile's last Q K^T (FA_SM90_EARLY_Q); without kSeparateO the epilogue
   // stages O in Q's buffer, so Q is released after it.
   static constexpr bool kEarlyQ = FA_SM90_EARLY_Q && kSeparateO;

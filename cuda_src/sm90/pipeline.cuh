@@ -88,6 +88,25 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const TmaDesc* desc, int c0
       : "memory");
 }
 
+// A bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from shared to
+// global memory by the TMA unit, without a tensor map (the epilogue's rows of O,
+// FA_SM90_O_BULK), in this thread's current bulk group.  The shared source must have been
+// written before a fence_async_shared (below) of its writers and a barrier.
+__device__ __forceinline__ void bulk_store(void* dst, u32 src, u32 bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+}
+// Close this thread's current bulk group (its copies so far).
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+// Wait until every committed bulk group of this thread has READ its shared source (so the
+// buffer may be written again; the global writes may still be in flight).
+__device__ __forceinline__ void bulk_wait_read_all() {
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+
 // Shared memory written by ordinary stores or cp.async (the generic proxy) and read next by
 // wgmma (the async proxy): each writing thread fences after its writes have completed and
 // before it arrives on the barrier the readers wait on.
