@@ -137,14 +137,22 @@ SM90_SWITCHES.append(("FA_SM90_EARLY_Q=1", 0, cc.shipped_sm90_f32_keys()))
 SM90_SWITCHES += [("FA_SM90_LPT_GROUPS=1", d, [k for k in SM90_KEYS if k.dtype == "bf16" and k.head_dim == d
                                                and not k.split])
                   for d in (128, 256)]
+#: FA_SM90_O_BULK=1 with FA_SM90_NEXT_EARLY=1 (stop 49: the epilogue's bulk copies, the next
+#: tile resolved before it): the buckets with their own O buffer, bf16.
+SM90_SWITCHES += [("FA_SM90_O_BULK=1,FA_SM90_NEXT_EARLY=1,FA_SM90_EARLY_Q=1", d,
+                   [k for k in SM90_KEYS if k.dtype == "bf16" and k.head_dim == d])
+                  for d in (64, 128, 192)]
 SM90_SWITCHES.append(("FA_SM90_CLUSTER_MERGE=0", 128,
                       [k for k in SM90_KEYS if k.dtype == "bf16" and k.split and k.head_dim == 128]))
 
 
 @pytest.mark.parametrize("define, head_dim, keys", SM90_SWITCHES,
                          ids=[f"{s}-d{d}" for s, d, _ in SM90_SWITCHES])
-def test_sm90_ab_switch_compiles_without_spills(define, head_dim, keys):
-    """A build with a device-run A/B switch stays spill-free, without wgmma serialization."""
+def test_sm90_ab_switch_compiles_without_spills(define, head_dim, keys, monkeypatch):
+    """A build with a device-run A/B switch stays spill-free, without wgmma serialization.
+    (The switch is in the environment too, as a device A/B sets it: the host's launch geometry,
+    e.g. FA_SM90_O_BULK's shared memory, is evaluated under it.)"""
+    monkeypatch.setenv("CUPY_FLASHATTN_SM90_DEFINES", define)
     cubin, log = cc.compile_for_arch(cc.kernel_source(keys), "90a",
                                      extra_options=[f"-D{d}" for d in define.split(",")])
     infos = cc.parse_ptxas_log(log)
