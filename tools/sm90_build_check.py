@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-TOL = 2e-2  # bf16 outputs of unit-scale inputs: ~4e-3 of rounding, an error is O(1)
+TOL = 5e-2  # bf16 outputs of unit-scale inputs: ~1e-2 of rounding at worst; a broken build O(1)
 
 
 def main() -> int:
