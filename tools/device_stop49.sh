@@ -11,6 +11,10 @@
 #   3. A/B e / el / enb, two rounds alternating: quickbench with make bench's heads (2048 / D),
 #      the dense column (static schedule: unchanged by LPT) beside varlen and paged 16 / 256
 #      (dynamic); S = 2k rows causal and not, D = 256 causal.
+# STEP=both (~540 s): the whole GPU suite on U = every candidate on (EARLY_Q, LPT_GROUPS,
+#   NEXT_EARLY, O_BULK), then the timeline of e and U (D = 128 S = 2k) and quickbench e vs U
+#   (two rounds alternating): dense columns give NEXT_EARLY + O_BULK, the varlen / paged
+#   columns against dense the LPT groups besides.
 # STEP=suite: the whole GPU suite on the build in CUPY_FLASHATTN_SM90_DEFINES (8 shards), then
 #   compute-sanitizer memcheck / racecheck over tools/sanitize_cases.py on it, if time is left.
 # A device call brings back at most 8 files: log into a scratch folder and tar it into $OUT,
@@ -21,7 +25,44 @@ cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-/tmp/fa_stop49}; mkdir -p "$OUT"
 . tools/device_env.sh
 E=FA_SM90_EARLY_Q=1
+U=$E,FA_SM90_LPT_GROUPS=1,FA_SM90_NEXT_EARLY=1,FA_SM90_O_BULK=1  # every candidate at once
 case "${STEP:-ab}" in
+  both)
+    # The suite on the union build U (its kernel cache: the default one), while "e"'s kernels
+    # and the two timeline builds compile beside it; then the timeline and the A/B e vs U.
+    KEYS='fa_fwd_sm90_bf16_d64$,fa_fwd_sm90_bf16_d64_paged$,fa_fwd_sm90_bf16_d128$,fa_fwd_sm90_bf16_d128_paged$,fa_fwd_sm90_bf16_d256$,fa_fwd_sm90_bf16_d256_paged$'
+    CUPY_FLASHATTN_SM90_DEFINES="$E" CUPY_CACHE_DIR=/tmp/fa_cache_e timeout 300 \
+      python3 tools/precompile_parallel.py --jobs 3 --no-decode --only "$KEYS" > "$OUT/precompile_e.txt" 2>&1 &
+    for s in "tl|FA_SM90_DIAG_TIMELINE=1,$E" "tlu|FA_SM90_DIAG_TIMELINE=1,$U"; do
+      IFS='|' read -r name defs <<< "$s"
+      CUPY_FLASHATTN_SM90_DEFINES="$defs" CUPY_CACHE_DIR=/tmp/fa_cache_$name timeout 300 \
+        python3 tools/precompile_parallel.py --jobs 1 --no-decode --only 'fa_fwd_sm90_bf16_d128$' \
+        > "$OUT/precompile_$name.txt" 2>&1 &
+    done
+    stamp "suite on U = $U"
+    CUPY_FLASHATTN_SM90_DEFINES="$U" OUT="$OUT/suite" N=8 PYTEST_TIMEOUT=240 SERIAL_TIMEOUT=60 \
+      bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 14
+    wait
+    grep -h precompiled "$OUT"/precompile_*.txt
+    for s in "tl|$E" "tlu|$U"; do
+      IFS='|' read -r name defs <<< "$s"
+      stamp "timeline $name"
+      CUPY_CACHE_DIR=/tmp/fa_cache_$name timeout 60 python3 tools/sm90_timeline.py --d 128 --s 2048 \
+        --defines "$defs" 2>&1 | tee -a "$OUT/timeline_$name.txt" | tail -n 14
+    done
+    ROWS="128,2048,0;128,2048,1;64,2048,0;256,2048,1;256,4096,1"
+    for r in 1 2; do
+      for s in "e|$E|/tmp/fa_cache_e" "u|$U|$CUPY_CACHE_DIR"; do
+        IFS='|' read -r name defs cache <<< "$s"
+        stamp "$name round $r"
+        CUPY_FLASHATTN_SM90_DEFINES="$defs" CUPY_CACHE_DIR="$cache" timeout 100 \
+          python3 tools/quickbench_sm90.py --archs sm90 --no-torch --heads 0 --varlen --paged 16,256 \
+          --rows "$ROWS" > "$OUT/qb_${name}_$r.txt" 2>&1
+        grep -E "^D[0-9]+ S" "$OUT/qb_${name}_$r.txt"
+      done
+    done
+    stamp "end"
+    exit 0 ;;
   suite)
     OUT="$OUT/suite" N=8 PYTEST_TIMEOUT=${PYTEST_TIMEOUT:-330} bash tools/gpu_suite_parallel.sh
     rc=$?
