@@ -119,11 +119,11 @@
 #define FA_SM90_CLUSTER_MERGE 1
 #endif
 // FA_SM90_LPT_GROUPS (tile_scheduler.cuh TileScheduler::coords; stop 49): the dynamic
-// schedule of a causal / local launch (varlen, paged caches) claims its tiles in groups of
-// ceil(CTAs / tiles_m) (sequence, head) pairs, each group's heaviest query tiles first, instead
-// of one head's tiles at a time.  Head-major claims leave the last heads' heaviest tiles to the
-// end of the launch (stop 46: paged D = 256 causal one call, dynamic, 0.89 of dense against
-// 0.93 static); grouped, the last round starts with them.  0 = head-major (stop 48's order).
+// schedule of a causal / local launch (varlen, paged caches) claims its tiles in even groups of
+// (sequence, head) pairs of about two rounds of tiles each, each group's heaviest query tiles
+// first, instead of one head's tiles at a time.  Head-major claims leave the last heads'
+// heaviest tiles to the end of the launch (stop 46: paged D = 256 causal one call, dynamic,
+// 0.89 of dense against 0.93 static).  0 = head-major (stop 48's order).
 #ifndef FA_SM90_LPT_GROUPS
 #define FA_SM90_LPT_GROUPS 0
 #endif
@@ -263,7 +263,7 @@ struct Sm90FwdTraitsBase {
   // Q released after the tile's last Q K^T (FA_SM90_EARLY_Q); without kSeparateO the epilogue
   // stages O in Q's buffer, so Q is released after it.
   static constexpr bool kEarlyQ = FA_SM90_EARLY_Q && kSeparateO;
-  static constexpr bool kNextEarly = FA_SM90_NEXT_EARLY;
+  static constexpr bool kNextEarly = FA_SM90_NEXT_EARLY && kPlanes == 1;  // float32: 4 B of spills with LPT_GROUPS
   static constexpr int kSmemTiles = kSmemRing + kSmemO;
   static constexpr int kSmemBytes = kSmemTiles + kSmemRest;
   static_assert(kSmemBytes <= kSmemLimit, "Q, the K/V ring and the barriers must fit 227 KB");

@@ -53,11 +53,16 @@ struct TileScheduler {
   // Tile i's query-tile index m (0 .. tiles_m - 1, before tile_at's causal reversal: m = 0 is
   // the heaviest under a window) and (sequence, head) index hb = h + H b.  Head-major, i = m +
   // tiles_m hb, unless `grouped` (the dynamic schedule of a causal / local launch, with
-  // FA_SM90_LPT_GROUPS): then groups of G = ceil(CTAs / tiles_m) pairs, m-major inside a
-  // group -- every pair's heaviest tile, then the next heaviest...  A dynamic schedule claims
-  // in index order, so the last group's heavy tiles go out a round before the end instead of
-  // trailing it (longest-processing-time first), while the tiles in flight still span only ~G
-  // heads' keys (L2 reuse).  The last group may hold fewer pairs.
+  // FA_SM90_LPT_GROUPS): then the pairs are split evenly into ng = pairs tiles_m / (2 CTAs)
+  // groups (at least 1) of about two rounds of tiles each, m-major inside a group -- every
+  // pair's heaviest tile, then the next heaviest...  A dynamic schedule claims in index order,
+  // so a group's heavy tiles go out while its light ones can still fill the gaps behind them
+  // (longest-processing-time first), and the tiles in flight span one or two groups' keys (L2
+  // reuse).  A greedy-claim simulation of make bench's causal shapes on 132 / 120 CTAs
+  // (benchmarks/NOTES.md, stop 49): makespan efficiency 0.88-0.97 head-major, 0.97-1.00 grouped;
+  // groups of one round or of a fixed pair count did worse where the last group came out small.
+  // Group g holds pairs [pairs g / ng, pairs (g + 1) / ng); pair p is in group
+  // (p ng + ng - 1) / pairs.
   __device__ __forceinline__ static void coords(int i, int tiles_m, int pairs, bool grouped,
                                                 int& m, int& hb) {
     if (!grouped) {
@@ -65,11 +70,12 @@ struct TileScheduler {
       hb = i / tiles_m;
       return;
     }
-    const int g_pairs = imax(1, ((int)gridDim.x + tiles_m - 1) / tiles_m);
-    const int g = i / (g_pairs * tiles_m), r = i - g * g_pairs * tiles_m;
-    const int in_group = imin(g_pairs, pairs - g * g_pairs);
-    m = r / in_group;
-    hb = g * g_pairs + (r - m * in_group);
+    const long long ng = imax(1, (int)((long long)pairs * tiles_m / (2 * (int)gridDim.x)));
+    const int g = (int)(((long long)(i / tiles_m) * ng + ng - 1) / pairs);
+    const int first = (int)(pairs * g / ng), count = (int)(pairs * (g + 1) / ng) - first;
+    const int r = i - tiles_m * first;
+    m = r / count;
+    hb = first + (r - m * count);
   }
 
   // One thread, before the CTA's first sync: full(0), full(1) and posted(0), posted(1) take the
