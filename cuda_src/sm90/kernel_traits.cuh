@@ -263,7 +263,9 @@ struct Sm90FwdTraitsBase {
   // Q released after the tile's last Q K^T (FA_SM90_EARLY_Q); without kSeparateO the epilogue
   // stages O in Q's buffer, so Q is released after it.
   static constexpr bool kEarlyQ = FA_SM90_EARLY_Q && kSeparateO;
-  static constexpr bool kNextEarly = FA_SM90_NEXT_EARLY && kPlanes == 1;  // float32: 4 B of spills with LPT_GROUPS
+  // (not float32, nor above D = 128: 4 / 4 / 68 B of spills at float32 D = 128 with LPT_GROUPS,
+  // D = 192 transform paged with every candidate, D = 256 transform paged)
+  static constexpr bool kNextEarly = FA_SM90_NEXT_EARLY && kPlanes == 1 && kHeadDim <= 128;
   static constexpr int kSmemTiles = kSmemRing + kSmemO;
   static constexpr int kSmemBytes = kSmemTiles + kSmemRest;
   static_assert(kSmemBytes <= kSmemLimit, "Q, the K/V ring and the barriers must fit 227 KB");
