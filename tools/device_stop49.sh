@@ -51,7 +51,7 @@ case "${STEP:-ab}" in
       CUPY_CACHE_DIR=/tmp/fa_cache_$name timeout 60 python3 tools/sm90_timeline.py --d 128 --s 2048 \
         --defines "$defs" 2>&1 | tee -a "$OUT/timeline_$name.txt" | tail -n 14
     done
-    ROWS="128,2048,0;128,2048,1;64,2048,0;256,2048,1;256,4096,1"
+    ROWS=${ROWS:-"128,2048,0;128,2048,1;64,2048,0;256,2048,1;256,4096,1"}
     for r in $(seq 1 "${ROUNDS:-2}"); do
       for s in "e|$E|/tmp/fa_cache_e" "u|$U|$CUPY_CACHE_DIR"; do
         IFS='|' read -r name defs cache <<< "$s"
