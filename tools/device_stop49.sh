@@ -15,6 +15,7 @@
 #   NEXT_EARLY, O_BULK), then the timeline of e and U (D = 128 S = 2k) and quickbench e vs U
 #   (two rounds alternating): dense columns give NEXT_EARLY + O_BULK, the varlen / paged
 #   columns against dense the LPT groups besides.
+# STEP=early (~290 s): the suite on FA_SM90_EARLY_Q=1 alone, then racecheck on its prefill cases.
 # STEP=suite: the whole GPU suite on the build in CUPY_FLASHATTN_SM90_DEFINES (8 shards), then
 #   compute-sanitizer memcheck / racecheck over tools/sanitize_cases.py on it, if time is left.
 # A device call brings back at most 8 files: log into a scratch folder and tar it into $OUT,
@@ -62,6 +63,17 @@ case "${STEP:-ab}" in
         grep -E "^D[0-9]+ S" "$OUT/qb_${name}_$r.txt"
       done
     done
+    stamp "end"
+    exit 0 ;;
+  early)
+    # The short call: the whole suite on E alone (FA_SM90_EARLY_Q=1, measured in stop 48), then
+    # racecheck over the prefill cases (EARLY_Q moves a barrier arrival), inside ~290 s.
+    stamp "suite on $E"
+    CUPY_FLASHATTN_SM90_DEFINES="$E" OUT="$OUT/suite" N=8 PYTEST_TIMEOUT=170 SERIAL_TIMEOUT=40 \
+      bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 14
+    stamp "racecheck, prefill cases"
+    CUPY_FLASHATTN_SM90_DEFINES="$E" OUT="$OUT/sanitize" CASES_K=prefill PRECOMPILE_TIMEOUT=50 \
+      TOOL_TIMEOUT=60 bash tools/sanitize.sh racecheck 2>&1 | tail -n 3
     stamp "end"
     exit 0 ;;
   suite)
