@@ -1006,62 +1006,42 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
   FA_TL(ctid == 0, 1 + cw, tq, FA_TL_C_FINAL);
   const int g = lane >> 2, t = lane & 3;
   const int wg_row0 = Tr::kWgRows * cw;  // this warpgroup's first row of the CTA tile
+  // Byte offset of 16-byte chunk `chunk` of staging row `row`: the wgmma SW128 layout (the Q
+  // tile's, whose buffer it may be), or with Tr::kOBulk plain rows padded by 16 bytes, each row
+  // contiguous for its bulk copy.
+  auto stage_at = [](int row, int chunk) -> u32 {
+    if constexpr (Tr::kOBulk) return row * Tr::kORowBytesBulk + chunk * 16;
+    else return wgmma::tile_offset<Tr::kBlockM>(row, chunk);
+  };
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = wg_row0 + 16 * warp + 8 * h + g;
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt)
+      st_shared_b32(o_stage + stage_at(row, dt) + 4 * t,
+                    Elem::pack(acc_o[0][dt][2 * h], acc_o[0][dt][2 * h + 1]));
+    if (t == 0 && row < rows_valid)
+      p.lse[(i64)bidh * p.lse_head_stride + si.q_start + m0 + row] = lse[0][h];
+  }
+  if constexpr (Tr::kOBulk) pipe::fence_async_shared();  // before the bulk copies' reads
+  pipe::named_sync(Tr::kEpilogueBar + cw, 128);  // this warpgroup's rows are written
+  FA_TL(ctid == 0, 1 + cw, tq, FA_TL_C_STAGED);
   u16* o_tile = p.o + (i64)(si.q_start + m0) * p.o_row_stride + (i64)bidh * p.o_head_stride;
-  if constexpr (Tr::kOBulk) {
-    // Plain padded rows (kORowBytesBulk); then one bulk copy per row of this warpgroup, from
-    // threads 0..63, where every row start is 16-byte aligned (else 16-byte loads and stores).
-    constexpr int kRow = Tr::kORowBytesBulk;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = wg_row0 + 16 * warp + 8 * h + g;
-#pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt)
-        st_shared_b32(o_stage + row * kRow + dt * 16 + 4 * t,
-                      Elem::pack(acc_o[0][dt][2 * h], acc_o[0][dt][2 * h + 1]));
-      if (t == 0 && row < rows_valid)
-        p.lse[(i64)bidh * p.lse_head_stride + si.q_start + m0 + row] = lse[0][h];
+  // Tr::kOBulk: one bulk copy per row of this warpgroup from threads 0..63 where every row
+  // start and length is 16-byte aligned (the base in bytes; strides and head_dim in elements);
+  // otherwise 16-byte loads and global stores by every thread.
+  bool bulk = false;
+  if constexpr (Tr::kOBulk)
+    bulk = (reinterpret_cast<unsigned long long>(p.o) & 15) == 0 &&
+           (((unsigned long long)p.o_row_stride | (unsigned long long)p.o_head_stride |
+             (unsigned long long)p.head_dim) & 7) == 0;
+  if (bulk) {
+    if (ctid < Tr::kWgRows && wg_row0 + ctid < rows_valid) {
+      const int row = wg_row0 + ctid;
+      pipe::bulk_store(o_tile + (i64)row * p.o_row_stride, o_stage + stage_at(row, 0), 2 * p.head_dim);
+      pipe::bulk_commit();
     }
-    pipe::fence_async_shared();  // these writes before the bulk copies' reads (async proxy)
-    pipe::named_sync(Tr::kEpilogueBar + cw, 128);  // this warpgroup's rows are written
-    FA_TL(ctid == 0, 1 + cw, tq, FA_TL_C_STAGED);
-    // 16-byte row starts and lengths: the base in bytes, the strides and head_dim in elements.
-    const bool aligned = (reinterpret_cast<unsigned long long>(p.o) & 15) == 0 &&
-                         (((unsigned long long)p.o_row_stride | (unsigned long long)p.o_head_stride |
-                           (unsigned long long)p.head_dim) & 7) == 0;
-    if (aligned) {
-      if (ctid < Tr::kWgRows && wg_row0 + ctid < rows_valid) {
-        const int row = wg_row0 + ctid;
-        pipe::bulk_store(o_tile + (i64)row * p.o_row_stride, o_stage + row * kRow, 2 * p.head_dim);
-        pipe::bulk_commit();
-      }
-    } else {
-      constexpr int kWgChunks = Tr::kWgRows * Tr::kChunks;
-#pragma unroll
-      for (int i = 0; i < kWgChunks / 128; ++i) {
-        const int idx = i * 128 + ctid;
-        const int row = wg_row0 + idx / Tr::kChunks, chunk = idx % Tr::kChunks;
-        if (row < rows_valid && chunk * 8 < p.head_dim) {
-          u32 r[4];
-          ld_shared_v4(r, o_stage + row * kRow + chunk * 16);
-          st_global_v4(o_tile + (i64)row * p.o_row_stride + chunk * 8, r);
-        }
-      }
-    }
-    FA_TL(ctid == 0, 1 + cw, tq, FA_TL_C_STORED);
   } else {
-    // The wgmma SW128 layout (the Q tile's, whose buffer it may be): 16-byte loads and stores.
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = wg_row0 + 16 * warp + 8 * h + g;
-#pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt)
-        st_shared_b32(o_stage + wgmma::tile_offset<Tr::kBlockM>(row, dt) + 4 * t,
-                      Elem::pack(acc_o[0][dt][2 * h], acc_o[0][dt][2 * h + 1]));
-      if (t == 0 && row < rows_valid)
-        p.lse[(i64)bidh * p.lse_head_stride + si.q_start + m0 + row] = lse[0][h];
-    }
-    pipe::named_sync(Tr::kEpilogueBar + cw, 128);  // this warpgroup's rows are written
-    FA_TL(ctid == 0, 1 + cw, tq, FA_TL_C_STAGED);
     constexpr int kWgChunks = Tr::kWgRows * Tr::kChunks;
 #pragma unroll
     for (int i = 0; i < kWgChunks / 128; ++i) {
@@ -1069,15 +1049,15 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const F32Scales& sc
       const int row = wg_row0 + idx / Tr::kChunks, chunk = idx % Tr::kChunks;
       if (row < rows_valid && chunk * 8 < p.head_dim) {
         u32 r[4];
-        ld_shared_v4(r, o_stage + wgmma::tile_offset<Tr::kBlockM>(row, chunk));
+        ld_shared_v4(r, o_stage + stage_at(row, chunk));
         st_global_v4(o_tile + (i64)row * p.o_row_stride + chunk * 8, r);
       }
     }
-    FA_TL(ctid == 0, 1 + cw, tq, FA_TL_C_STORED);
-    if constexpr (!Tr::kSeparateO) {
-      pipe::fence_async_shared();  // these generic reads / writes before the next Q's TMA write
-      pipe::bar_arrive(sm.q_empty());
-    }
+  }
+  FA_TL(ctid == 0, 1 + cw, tq, FA_TL_C_STORED);
+  if constexpr (!Tr::kSeparateO) {
+    pipe::fence_async_shared();  // these generic reads / writes before the next Q's TMA write
+    pipe::bar_arrive(sm.q_empty());
   }
 }
 
