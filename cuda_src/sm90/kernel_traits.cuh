@@ -6,8 +6,9 @@
 // kProducerRegs / kConsumerRegs with the same total (e.g. 128 x 56 + 256 x 224 = 384 x 168), so
 // the consumers' increase never waits on registers another CTA holds.
 // Shared memory: Q (kBlockM x D), kStages K and V tiles (kBlockN x D), the O staging tile
-// (kSeparateO), all in the SW128 layout of wgmma.cuh, 1024-byte aligned; then the mbarriers,
-// (paged) the page ids per stage and the tile scheduler's mailbox.
+// (kSeparateO), all in the SW128 layout of wgmma.cuh, 1024-byte aligned (the O tile in plain
+// padded rows with FA_SM90_O_BULK); then the mbarriers, (paged) the page ids per stage and the
+// tile scheduler's mailbox.
 #pragma once
 #include "../common.cuh"
 
