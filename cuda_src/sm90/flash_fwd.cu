@@ -1170,6 +1170,9 @@ __device__ __forceinline__ void flash_fwd_sm90(const FwdParams& p, const TmaMaps
     int it = 0, tq = 0;
     if constexpr (Tr::kNextEarly && !Is_split) {  // (the split kernel spilled 36 bytes with it)
       // The next tile resolved inside the consumer (after the tile's last product), into nw.
+      // resolve_next repeats the tile walk of the loop below on purpose: that loop written as
+      // a call of it changed the default kernels' machine code (stop 49, .text hashes), which
+      // no device run has tested.  Fold the two once NEXT_EARLY is decided on a device.
       auto resolve_next = [&](Sm90Tile& t) -> bool {
         for (;;) {
           if (tile_counter == nullptr) {

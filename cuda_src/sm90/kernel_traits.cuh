@@ -254,7 +254,7 @@ struct Sm90FwdTraitsBase {
   // sectors), so it stages nothing and its Q is free as soon as the last S is computed.
   static constexpr bool kStageO = kPlanes == 1;
   static constexpr bool kSeparateO = !kStageO || kSmemRing + kSmemQPlane + kSmemRest <= kSmemLimit;
-  // FA_SM90_O_BULK: O staged in plain rows padded by 16 bytes (kORowBytes: the 8 rows of one
+  // FA_SM90_O_BULK: O staged in plain rows padded by 16 bytes (kORowBytesBulk: the 8 rows of one
   // 32-bit store then fall on 8 different 4-bank groups) so that each row leaves by one bulk
   // copy; where the padded buffer fits beside the ring (D = 64 / 128 / 192).
   static constexpr int kORowBytesBulk = kHeadDim * 2 + 16;
