@@ -5,8 +5,9 @@
 #      candidate default), "el" = that plus FA_SM90_LPT_GROUPS=1 (grouped heavy-first claims of
 #      the dynamic schedule, causal / local), "enb" = e plus FA_SM90_O_BULK=1 (O's rows leave by
 #      bulk copies) with FA_SM90_NEXT_EARLY=1 (the next tile resolved before the
-#      epilogue), and the timeline builds of "e" and "enb"; a smoke check of el and enb against
-#      the float64 reference (tools/sm90_build_check.py);
+#      epilogue), and the timeline builds of "e" and "enb"; the prefill cases of
+#      tools/sanitize_cases.py on el and enb (NaN-poisoned outputs against the float64
+#      reference, no sanitizer) before anything is timed;
 #   2. the timeline with the epilogue's inner marks (D = 128, S = 2k): where its 1.3 us go;
 #   3. A/B e / el / enb, two rounds alternating: quickbench with make bench's heads (2048 / D),
 #      the dense column (static schedule: unchanged by LPT) beside varlen and paged 16 / 256
@@ -27,41 +28,45 @@ OUT=${OUT:-/tmp/fa_stop49}; mkdir -p "$OUT"
 . tools/device_env.sh
 E=FA_SM90_EARLY_Q=1
 U=$E,FA_SM90_LPT_GROUPS=1,FA_SM90_NEXT_EARLY=1,FA_SM90_O_BULK=1  # every candidate at once
+KEYS='fa_fwd_sm90_bf16_d64$,fa_fwd_sm90_bf16_d64_paged$,fa_fwd_sm90_bf16_d128$,fa_fwd_sm90_bf16_d128_paged$,fa_fwd_sm90_bf16_d256$,fa_fwd_sm90_bf16_d256_paged$'
+
+# precompile NAME DEFINES JOBS ONLY: a build's kernels into its own cache /tmp/fa_cache_NAME.
+precompile() {
+  CUPY_FLASHATTN_SM90_DEFINES="$2" CUPY_CACHE_DIR="/tmp/fa_cache_$1" timeout 300 \
+    python3 tools/precompile_parallel.py --jobs "$3" --no-decode --only "$4" > "$OUT/precompile_$1.txt" 2>&1
+}
+# timeline NAME DEFINES: tools/sm90_timeline.py, D = 128 S = 2k, on the timeline build NAME.
+timeline() {
+  stamp "timeline $1"
+  CUPY_CACHE_DIR="/tmp/fa_cache_$1" timeout 60 python3 tools/sm90_timeline.py --d 128 --s 2048 \
+    --defines "$2" 2>&1 | tee -a "$OUT/timeline_$1.txt" | tail -n 14
+}
+# quickbench NAME DEFINES CACHE ROWS ROUND: the sm90 column beside varlen and paged 16 / 256.
+quickbench() {
+  stamp "$1 round $5"
+  CUPY_FLASHATTN_SM90_DEFINES="$2" CUPY_CACHE_DIR="$3" timeout 120 \
+    python3 tools/quickbench_sm90.py --archs sm90 --no-torch --heads 0 --varlen --paged 16,256 \
+    --rows "$4" > "$OUT/qb_$1_$5.txt" 2>&1
+  grep -E "^D[0-9]+ S" "$OUT/qb_$1_$5.txt"
+}
+
 case "${STEP:-ab}" in
   both)
     # The suite on the union build U (its kernel cache: the default one), while "e"'s kernels
     # and the two timeline builds compile beside it; then the timeline and the A/B e vs U.
-    KEYS='fa_fwd_sm90_bf16_d64$,fa_fwd_sm90_bf16_d64_paged$,fa_fwd_sm90_bf16_d128$,fa_fwd_sm90_bf16_d128_paged$,fa_fwd_sm90_bf16_d256$,fa_fwd_sm90_bf16_d256_paged$'
-    CUPY_FLASHATTN_SM90_DEFINES="$E" CUPY_CACHE_DIR=/tmp/fa_cache_e timeout 300 \
-      python3 tools/precompile_parallel.py --jobs 3 --no-decode --only "$KEYS" > "$OUT/precompile_e.txt" 2>&1 &
-    for s in "tl|FA_SM90_DIAG_TIMELINE=1,$E" "tlu|FA_SM90_DIAG_TIMELINE=1,$U"; do
-      IFS='|' read -r name defs <<< "$s"
-      CUPY_FLASHATTN_SM90_DEFINES="$defs" CUPY_CACHE_DIR=/tmp/fa_cache_$name timeout 300 \
-        python3 tools/precompile_parallel.py --jobs 1 --no-decode --only 'fa_fwd_sm90_bf16_d128$' \
-        > "$OUT/precompile_$name.txt" 2>&1 &
-    done
+    precompile e "$E" 3 "$KEYS" &
+    precompile tl "FA_SM90_DIAG_TIMELINE=1,$E" 1 'fa_fwd_sm90_bf16_d128$' &
+    precompile tlu "FA_SM90_DIAG_TIMELINE=1,$U" 1 'fa_fwd_sm90_bf16_d128$' &
     stamp "suite on U = $U"
     CUPY_FLASHATTN_SM90_DEFINES="$U" OUT="$OUT/suite" N=8 PYTEST_TIMEOUT=240 SERIAL_TIMEOUT=60 \
       bash tools/gpu_suite_parallel.sh 2>&1 | tail -n 14
     wait
     grep -h precompiled "$OUT"/precompile_*.txt
-    for s in "tl|$E" "tlu|$U"; do
-      [ "${TL:-1}" = 1 ] || break
-      IFS='|' read -r name defs <<< "$s"
-      stamp "timeline $name"
-      CUPY_CACHE_DIR=/tmp/fa_cache_$name timeout 60 python3 tools/sm90_timeline.py --d 128 --s 2048 \
-        --defines "$defs" 2>&1 | tee -a "$OUT/timeline_$name.txt" | tail -n 14
-    done
+    if [ "${TL:-1}" = 1 ]; then timeline tl "$E"; timeline tlu "$U"; fi
     ROWS=${ROWS:-"128,2048,0;128,2048,1;64,2048,0;256,2048,1;256,4096,1"}
     for r in $(seq 1 "${ROUNDS:-2}"); do
-      for s in "e|$E|/tmp/fa_cache_e" "u|$U|$CUPY_CACHE_DIR"; do
-        IFS='|' read -r name defs cache <<< "$s"
-        stamp "$name round $r"
-        CUPY_FLASHATTN_SM90_DEFINES="$defs" CUPY_CACHE_DIR="$cache" timeout 100 \
-          python3 tools/quickbench_sm90.py --archs sm90 --no-torch --heads 0 --varlen --paged 16,256 \
-          --rows "$ROWS" > "$OUT/qb_${name}_$r.txt" 2>&1
-        grep -E "^D[0-9]+ S" "$OUT/qb_${name}_$r.txt"
-      done
+      quickbench e "$E" /tmp/fa_cache_e "$ROWS" "$r"
+      quickbench u "$U" "$CUPY_CACHE_DIR" "$ROWS" "$r"
     done
     stamp "end"
     exit 0 ;;
@@ -84,47 +89,32 @@ case "${STEP:-ab}" in
     fi
     exit $rc ;;
 esac
+# STEP=ab
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv
-KEYS='fa_fwd_sm90_bf16_d64$,fa_fwd_sm90_bf16_d64_paged$,fa_fwd_sm90_bf16_d128$,fa_fwd_sm90_bf16_d128_paged$,fa_fwd_sm90_bf16_d256$,fa_fwd_sm90_bf16_d256_paged$'
-stamp "precompile e, el, timeline"
 SETS=("e|$E" "el|$E,FA_SM90_LPT_GROUPS=1" "enb|$E,FA_SM90_NEXT_EARLY=1,FA_SM90_O_BULK=1")
+stamp "precompile e, el, enb, the timeline builds"
 for s in "${SETS[@]}"; do
   IFS='|' read -r name defs <<< "$s"
-  CUPY_FLASHATTN_SM90_DEFINES="$defs" CUPY_CACHE_DIR="/tmp/fa_cache_$name" timeout 240 \
-    python3 tools/precompile_parallel.py --jobs 5 --no-decode --only "$KEYS" > "$OUT/precompile_$name.txt" 2>&1 &
+  precompile "$name" "$defs" 5 "$KEYS" &
 done
-for s in "tl|FA_SM90_DIAG_TIMELINE=1,$E" "tlnb|FA_SM90_DIAG_TIMELINE=1,$E,FA_SM90_NEXT_EARLY=1,FA_SM90_O_BULK=1"; do
-  IFS='|' read -r name defs <<< "$s"
-  CUPY_FLASHATTN_SM90_DEFINES="$defs" CUPY_CACHE_DIR=/tmp/fa_cache_$name timeout 240 \
-    python3 tools/precompile_parallel.py --jobs 1 --no-decode --only 'fa_fwd_sm90_bf16_d128$' \
-    > "$OUT/precompile_$name.txt" 2>&1 &
-done
+precompile tl "FA_SM90_DIAG_TIMELINE=1,$E" 1 'fa_fwd_sm90_bf16_d128$' &
+precompile tlnb "FA_SM90_DIAG_TIMELINE=1,$E,FA_SM90_NEXT_EARLY=1,FA_SM90_O_BULK=1" 1 'fa_fwd_sm90_bf16_d128$' &
 wait
 grep -h precompiled "$OUT"/precompile_*.txt
-for s in "el|$E,FA_SM90_LPT_GROUPS=1" "enb|$E,FA_SM90_NEXT_EARLY=1,FA_SM90_O_BULK=1"; do
+for s in "${SETS[@]:1}"; do
   IFS='|' read -r name defs <<< "$s"
-  stamp "build check $name"
-  CUPY_FLASHATTN_SM90_DEFINES="$defs" CUPY_CACHE_DIR="/tmp/fa_cache_$name" timeout 90 \
-    python3 tools/sm90_build_check.py > "$OUT/check_$name.txt" 2>&1; echo "exit $?"; grep -c " ok" "$OUT/check_$name.txt"
-  grep -v " ok$" "$OUT/check_$name.txt" | head -n 8
+  stamp "prefill cases of sanitize_cases.py on $name (no sanitizer)"
+  CUPY_FLASHATTN_SM90_DEFINES="$defs" CUPY_CACHE_DIR="/tmp/fa_cache_$name" timeout 120 \
+    python3 tools/sanitize_cases.py -k prefill > "$OUT/check_$name.txt" 2>&1; echo "exit $?"
+  tail -n 1 "$OUT/check_$name.txt"; grep "^FAIL" "$OUT/check_$name.txt" | head -n 8
 done
-for s in "tl|$E" "tlnb|$E,FA_SM90_NEXT_EARLY=1,FA_SM90_O_BULK=1"; do
-  IFS='|' read -r name defs <<< "$s"
-  for case in "--d 128 --s 2048"; do
-    stamp "timeline $name $case"
-    CUPY_CACHE_DIR=/tmp/fa_cache_$name timeout 60 python3 tools/sm90_timeline.py $case --defines "$defs" 2>&1 \
-      | tee -a "$OUT/timeline_$name.txt" | tail -n 14
-  done
-done
+timeline tl "$E"
+timeline tlnb "$E,FA_SM90_NEXT_EARLY=1,FA_SM90_O_BULK=1"
 ROWS="128,2048,0;128,2048,1;64,2048,0;64,2048,1;256,2048,1;256,4096,1"
 for r in 1 2; do
   for s in "${SETS[@]}"; do
     IFS='|' read -r name defs <<< "$s"
-    stamp "$name round $r"
-    CUPY_FLASHATTN_SM90_DEFINES="$defs" CUPY_CACHE_DIR="/tmp/fa_cache_$name" timeout 120 \
-      python3 tools/quickbench_sm90.py --archs sm90 --no-torch --heads 0 --varlen --paged 16,256 \
-      --rows "$ROWS" > "$OUT/qb_${name}_$r.txt" 2>&1
-    grep -E "^D[0-9]+ S" "$OUT/qb_${name}_$r.txt"
+    quickbench "$name" "$defs" "/tmp/fa_cache_$name" "$ROWS" "$r"
   done
 done
 stamp "end"

@@ -12,17 +12,23 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import os
+import sys
+from types import SimpleNamespace
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from cupy_flashattn._cuda.schedule import _tile_work  # noqa: E402
+
 
 def tile_work(s: int, block_m: int, block_n: int) -> np.ndarray:
-    """Key tiles + 1 of each query tile of a causal S x S problem, heaviest first (m = 0 is the
-    last query tile: tile_at walks windowed problems from the bottom)."""
-    tiles_m = -(-s // block_m)
-    m_block = tiles_m - 1 - np.arange(tiles_m)
-    last_q = np.minimum(m_block * block_m + block_m, s) - 1
-    return -(-(last_q + 1) // block_n) + 1
+    """Key tiles + 1 of each query tile of a causal S x S problem in the schedule's order,
+    heaviest first: the host's own count (schedule._tile_work), which the static schedule's
+    CTA-count search uses."""
+    problem = SimpleNamespace(max_seqlen_q=s, max_seqlen_k=s, window_left=-1, window_right=0)
+    return _tile_work(problem, -(-s // block_m), block_m, block_n)
 
 
 def makespan(work_in_claim_order, ctas: int) -> float:
